@@ -1,0 +1,14 @@
+"""Train (or resume) the bundled target: python scripts/train_target.py [--resume] [--max-minutes M]."""
+import argparse
+from pathlib import Path
+
+from flashtree.train.target import TargetRecipe, train_target
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", default="models/target")
+p.add_argument("--work", default="runs/target")
+p.add_argument("--steps", type=int, default=TargetRecipe().steps)
+p.add_argument("--resume", action="store_true")
+p.add_argument("--max-minutes", type=float, default=None)
+a = p.parse_args()
+print(train_target(Path(a.out), Path(a.work), TargetRecipe(steps=a.steps), a.resume, a.max_minutes))

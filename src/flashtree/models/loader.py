@@ -1,0 +1,123 @@
+"""Load and save HF-format checkpoints (safetensors only, never pickle).
+
+`load_target` reads a qwen3/llama/qwen2 directory (single `model.safetensors` or a sharded
+`model.safetensors.index.json`); `load_drafter` reads a z-lab DFlash directory and checks it
+against its target. Every failure names the file and the tensor or field at fault.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..config import ConfigError, DrafterConfig, ModelConfig
+from .drafter import DFlashDrafter
+from .layers import rope_inv_freq
+from .target import TargetModel
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float64": torch.float64}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but CUDA is not available; use device='cpu' or 'auto'")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dir: Path | None = None) -> torch.dtype:
+    """'auto' = float32 on CPU (no fast bf16 kernels there), the checkpoint's dtype on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type != "cuda" or config_dir is None:
+            return torch.float32
+        raw = json.loads((config_dir / "config.json").read_text())
+        name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+        return DTYPES.get(name, torch.float32)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype '{dtype}' is not supported; use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ConfigError(f"{index}: shard file(s) {', '.join(missing)} not found")
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        hint = f" (found {', '.join(pickled)}; flashtree never unpickles — convert to safetensors)" if pickled else ""
+        raise ConfigError(f"{path}: no *.safetensors weight file{hint}")
+    return files
+
+
+def load_state(module: torch.nn.Module, path: Path, optional: tuple[str, ...] = ()) -> None:
+    """Copy tensors from the safetensors files of `path` into `module`, checking names and shapes."""
+    params = dict(module.named_parameters())
+    seen: set[str] = set()
+    for file in weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name not in params:
+                    continue  # e.g. rotary buffers or extra heads written by other tools
+                t = f.get_tensor(name)
+                p = params[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ConfigError(f"{file}: tensor '{name}' has shape {list(t.shape)}, "
+                                      f"the config implies {list(p.shape)}")
+                with torch.no_grad():
+                    p.copy_(t.to(p.dtype))
+                seen.add(name)
+    missing = [n for n in params if n not in seen and n not in optional]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError(f"{path}: weight(s) missing from the safetensors files: {shown}")
+
+
+def load_target(path: str | Path, dtype="auto", device="auto") -> TargetModel:
+    path = Path(path)
+    cfg = ModelConfig.from_dir(path)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev, path)
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    model = model.to_empty(device=dev).to(dt)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
+    load_state(model, path, optional=("lm_head.weight",) if cfg.tie_word_embeddings else ())
+    return model.eval().requires_grad_(False)
+
+
+def load_drafter(path: str | Path, target: TargetModel) -> DFlashDrafter:
+    path = Path(path)
+    cfg = DrafterConfig.from_dir(path)
+    cfg.check_pair(target.config)
+    p = next(target.parameters())
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    model = model.to_empty(device=p.device).to(p.dtype)
+    model.rotary_emb.inv_freq = rope_inv_freq(cfg.layers).float().to(p.device)
+    load_state(model, path)
+    return model.eval().requires_grad_(False)
+
+
+def save_module(module: torch.nn.Module, config: dict, path: str | Path, skip: tuple[str, ...] = ()) -> None:
+    """Write `config.json` + `model.safetensors` (contiguous, de-duplicated tensors)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {n: t.detach().contiguous().cpu() for n, t in module.state_dict().items() if n not in skip}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")

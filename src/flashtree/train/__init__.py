@@ -1,0 +1,1 @@
+"""Training recipes: corpus + tokenizer, the bundled target LM, and DFlash drafters."""
