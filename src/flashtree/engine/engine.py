@@ -1,0 +1,367 @@
+"""The engine: continuous batching of requests through draft -> tree -> verify -> commit rounds.
+
+Each `step()` admits waiting requests (prefill, first token), then runs one round for every
+running sequence in a single target forward — plain decoding is the tree of just the root,
+DFlash the chain of argmax drafts, DDTree a best-first tree — verifies with one rule, compacts
+the KV cache to the accepted path and applies stops. Tokenisation, HTTP and scheduling
+policy beyond FIFO admission live elsewhere.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ConfigError
+from ..kv_cache import KVCache
+from ..models.drafter import DFlashDrafter
+from ..models.target import ForwardBatch, TargetModel
+from ..sampling import logits_to_probs, sample
+from ..sampling_params import SamplingParams
+from ..spec.tree import build_ddtree, chain_tree, root_only
+from ..spec.verify import VerifyOutput, verify_tree
+from .round import DraftOutput, VerifyInput, context_mask, pack_trees
+from .sequence import METHODS, Sequence
+
+MAX_BUDGET = 512
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    method: str = "ddtree"
+    budget: int | None = None        # ddtree nodes per round; None = default_budget()
+    block_size: int | None = None    # None = the drafter's block size
+    max_batch_size: int = 8
+    max_model_len: int | None = None  # None = the target's max_position_embeddings
+    max_queue: int = 1024
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+
+
+@dataclass(slots=True)
+class StepEvent:
+    seq: Sequence
+    new_ids: list[int]   # tokens emitted by this step (after stop truncation)
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+class Engine:
+    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, config: EngineConfig,
+                 eos_token_ids: list[int] = (), decode=None):
+        self.target, self.drafter, self.config = target, drafter, config
+        self.eos_token_ids = list(eos_token_ids)
+        self.decode = decode  # ids -> text, needed for stop strings
+        tc = target.config
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.max_model_len = config.max_model_len or tc.max_position_embeddings
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if drafter is not None:
+            dc = drafter.config
+            dc.check_pair(tc)
+            self.feature_layers = list(dc.target_layer_ids)
+            self.mask_token_id = dc.mask_token_id
+            self.drafter_block_size = dc.block_size
+        else:
+            self.feature_layers, self.drafter_block_size = None, 0
+        self.default_block_size = self._check_block_size(config.block_size) if drafter else 1
+        self.default_budget = config.budget if config.budget is not None else self.default_block_size - 1
+        if config.method != "ar":
+            self._check_method(config.method)
+            self._check_budget(self.default_budget)
+        slack = max(MAX_BUDGET, self.drafter_block_size) + 1
+        self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
+                             tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
+        self.draft_cache = None
+        if drafter is not None:
+            lc = drafter.config.layers
+            self.draft_cache = KVCache(lc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
+                                       lc.num_key_value_heads, lc.head_dim, self.dtype, self.device)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._next_id = 0
+        self.verify_fn = verify_tree          # swappable in tests (a wrong verifier must be caught)
+        self.node_probs = logits_to_probs     # the sampling pipeline used at every node
+        self.timings: dict[str, float] = {}   # seconds per phase, accumulated
+        self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
+        self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
+
+    # ---------------------------------------------------------------- requests
+    def _check_method(self, method: str) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}")
+        if method != "ar" and self.drafter is None:
+            raise ValueError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use method='ar'")
+
+    def _check_block_size(self, block_size: int | None) -> int:
+        if block_size is None:
+            return self.drafter_block_size
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= self.drafter_block_size:
+            raise ValueError(f"block_size must be an integer in [2, {self.drafter_block_size}] "
+                             f"(the drafter was trained with block_size {self.drafter_block_size}), got {block_size}")
+        return block_size
+
+    def _check_budget(self, budget: int) -> int:
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+            raise ValueError(f"budget must be an integer in [1, {MAX_BUDGET}], got {budget}")
+        return budget
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
+                    budget: int | None = None, block_size: int | None = None) -> Sequence:
+        method = method or self.config.method
+        self._check_method(method)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        V = self.target.config.vocab_size
+        if any(not 0 <= t < V for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {V})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context limit is "
+                             f"{self.max_model_len} (prompt + at least one generated token)")
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
+        if method == "ar":
+            bs, bud = 1, 0
+        else:
+            bs = self._check_block_size(block_size) if block_size is not None else self.default_block_size
+            if method == "dflash":
+                if budget is not None:
+                    self._check_budget(budget)
+                bud = bs - 1  # a chain uses every slot of the block
+            else:
+                bud = self._check_budget(budget) if budget is not None else self.default_budget
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids.update(self.eos_token_ids)
+        if params.stop and self.decode is None:
+            raise ValueError("stop strings need a tokenizer")
+        seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
+                       block_size=bs, budget=bud, generator=gen, stop_ids=frozenset(stop_ids))
+        seq.metrics.prompt_tokens = len(prompt_ids)
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request now (client gone); its cache slot is freed at once."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if not seq.finished:
+            seq.finish_reason = "abort"
+        if seq in self.running:
+            self._release(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---------------------------------------------------------------- the round
+    @torch.inference_mode()
+    def step(self) -> list[StepEvent]:
+        """Admit and prefill newcomers, then one draft -> tree -> verify -> commit round."""
+        self._admit()
+        batch = [s for s in self.running if not s.finished]
+        if batch:
+            drafts = self._timed("draft", self._draft, batch)
+            trees = self._timed("tree", lambda: [self._tree(s, drafts.get(s)) for s in batch])
+            vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
+            logits, feats = self._timed("verify_forward", self._forward, batch, vin)
+            vout = self._timed("verify_walk", self._verify, batch, vin, logits)
+            self._timed("commit", self._commit, batch, trees, vin, vout, feats)
+        return self._collect()
+
+    def _timed(self, name, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    def _admit(self) -> None:
+        new = []
+        while self.waiting and len(self.running) + len(new) < self.config.max_batch_size:
+            seq = self.waiting.popleft()
+            seq.slot = self.cache.allocate()
+            new.append(seq)
+        if new:
+            self._timed("prefill", self._prefill, new)
+            self.running.extend(new)
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        lens = [len(s.prompt_ids) for s in seqs]
+        B, T = len(seqs), max(lens)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, :lens[b]] = torch.tensor(s.prompt_ids)
+        ids = ids.to(self.device)
+        length = torch.tensor(lens, device=self.device)
+        pos = torch.arange(T, device=self.device).expand(B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+        mask = causal[None, None] & context_mask(length, T, T)          # [B, 1, T, T]
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        fb = ForwardBatch(slots=slots, rows=pos, mask=mask, cache=self.cache)
+        hidden, feats = self.target(ids, pos, fb, self.feature_layers)
+        last = hidden[torch.arange(B, device=self.device), length - 1]   # [B, H]
+        first = self._sample(seqs, self.target.logits(last), [(b, b + 1) for b in range(B)])
+        for b, s in enumerate(seqs):
+            s.length = lens[b]
+            if self.drafter is not None and s.method != "ar":
+                s.pending = feats[b, :lens[b]]
+        for s, tok in zip(seqs, first.tolist()):
+            s.metrics.ttft_s = time.perf_counter() - s.t_start
+            self._emit(s, [tok])
+
+    def _draft(self, batch: list[Sequence]) -> dict[Sequence, DraftOutput]:
+        """One drafter pass over [bonus, MASK x (K-1)] for every speculative sequence."""
+        spec = [s for s in batch if s.method != "ar" and self._depth_limit(s) > 0]
+        if not spec:
+            return {}
+        dev, B = self.device, len(spec)
+        K = max(s.block_size for s in spec)
+        lengths = torch.tensor([s.length for s in spec], device=dev)
+        n_ctx = [s.pending.shape[0] if s.pending is not None else 0 for s in spec]
+        C = max(n_ctx)
+        F = spec[0].pending.shape[1] if C else 0
+        ctx = torch.zeros(B, C, F, dtype=self.dtype, device=dev)
+        ctx_pos = torch.zeros(B, C, dtype=torch.long, device=dev)
+        ctx_rows = lengths[:, None].expand(B, C).clone()  # padding rows land on the block, overwritten
+        for b, s in enumerate(spec):
+            n = n_ctx[b]
+            if n:
+                ctx[b, :n] = s.pending
+                ctx_pos[b, :n] = torch.arange(s.length - n, s.length, device=dev)
+                ctx_rows[b, :n] = ctx_pos[b, :n]
+            s.pending = None
+        block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = torch.tensor([s.bonus for s in spec], device=dev)
+        block_pos = lengths[:, None] + torch.arange(K, device=dev)      # [B, K]
+        visible = lengths + torch.tensor([s.block_size for s in spec], device=dev)
+        S = int(max(s.length for s in spec)) + K
+        cols = torch.arange(S, device=dev)
+        mask = (cols[None, :] < visible[:, None])[:, None, None, :].expand(B, 1, K, S)  # non-causal block
+        slots = torch.tensor([s.slot for s in spec], device=dev)
+        fb = ForwardBatch(slots=slots, rows=block_pos, mask=mask, cache=self.draft_cache)
+        hidden = self.drafter(self.target.model.embed_tokens(block), block_pos, ctx if C else None,
+                              ctx_pos, fb, ctx_rows)
+        logprobs = self.target.logits(hidden[:, 1:]).float().log_softmax(-1)     # [B, K-1, V]
+        k = min(max(s.budget if s.method == "ddtree" else 1 for s in spec), logprobs.shape[-1])
+        top_lp, top_ids = logprobs.topk(k, dim=-1)
+        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()           # host sync 1 of 2
+        return {s: DraftOutput(top_lp[b, :s.block_size - 1], top_ids[b, :s.block_size - 1])
+                for b, s in enumerate(spec)}
+
+    def _depth_limit(self, s: Sequence) -> int:
+        """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
+        (a round emits depth+1 tokens), or the context limit."""
+        return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
+                   self.max_model_len - s.length - 1)
+
+    def _tree(self, s: Sequence, draft: DraftOutput | None):
+        if draft is None:
+            return root_only(s.bonus)
+        depth = self._depth_limit(s)
+        if s.method == "dflash":
+            return chain_tree(s.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())
+        k = min(s.budget, draft.ids.shape[1])
+        return build_ddtree(s.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], s.budget)
+
+    def _forward(self, batch: list[Sequence], vin: VerifyInput):
+        slots = torch.tensor([s.slot for s in batch], device=self.device)
+        fb = ForwardBatch(slots=slots, rows=vin.rows, mask=vin.mask, cache=self.cache)
+        hidden, feats = self.target(vin.tokens, vin.positions, fb, self.feature_layers)
+        self.stats["forwards"] += 1
+        self.stats["seqs_in_forwards"] += len(batch)
+        return self.target.logits(hidden[vin.valid]), feats                # [R, V] valid nodes only
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+        """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""
+        reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
+
+        ps = [s.params for s in seqs]
+        probs = self.node_probs(logits, per_row([p.temperature for p in ps], torch.float32),
+                                per_row([p.top_k for p in ps], torch.long),
+                                per_row([p.top_p for p in ps], torch.float32),
+                                per_row([p.min_p for p in ps], torch.float32))
+        return sample(probs, spans, [s.generator for s in seqs])
+
+    def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
+        ends = torch.tensor(vin.sizes).cumsum(0).tolist()
+        spans = [(e - n, e) for e, n in zip(ends, vin.sizes)]
+        draws = torch.zeros_like(vin.tokens)
+        draws[vin.valid] = self._sample(batch, logits, spans)
+        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.max_depth)
+
+    def _commit(self, batch, trees, vin: VerifyInput, vout: VerifyOutput, feats) -> None:
+        accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
+        bonus = vout.bonus.cpu().tolist()
+        slots, src, dst = [], [], []
+        for b, s in enumerate(batch):
+            path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path
+            for j, i in enumerate(path):
+                slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
+            if self.drafter is not None and s.method != "ar":
+                new = feats[b, path]  # [tau, F]; a round that skipped drafting left older ones
+                s.pending = new if s.pending is None else torch.cat([s.pending, new])
+            tau = len(path)
+            s.length += tau
+            s.metrics.rounds += 1
+            s.metrics.accept_lengths.append(tau)
+            self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
+            if self.round_log is not None:
+                self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path,
+                                       "bonus": bonus[b], "tau": tau})
+            self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
+        self.cache.compact(slots, src, dst)
+        self.stats["rounds"] += 1
+
+    # ---------------------------------------------------------------- stops and retirement
+    def _emit(self, s: Sequence, new: list[int]) -> None:
+        """Append committed tokens, applying stop ids, max_tokens and stop strings."""
+        p = s.params
+        for tok in new:
+            s.output_ids.append(tok)
+            if tok in s.stop_ids:
+                s.finish_reason = "stop"
+                break
+            if len(s.output_ids) >= p.max_tokens:
+                s.finish_reason = "length"
+                break
+        if p.stop:
+            text = self.decode(s.output_ids)
+            hits = [i for i in (text.find(x) for x in p.stop) if i >= 0]
+            if hits:
+                s.text_end = min(hits)
+                s.finish_reason = "stop"
+        s.metrics.completion_tokens = len(s.output_ids)
+
+    def _release(self, s: Sequence) -> None:
+        self.running.remove(s)
+        self.cache.free(s.slot)
+        s.pending = None
+        s.metrics.elapsed_s = time.perf_counter() - s.t_start
+
+    def _collect(self) -> list[StepEvent]:
+        events = []
+        for s in list(self.running):
+            if len(s.output_ids) > s.emitted or s.finished:
+                events.append(StepEvent(s, s.output_ids[s.emitted:]))
+                s.emitted = len(s.output_ids)
+            if s.finished:
+                self._release(s)
+        return events

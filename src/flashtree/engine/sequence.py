@@ -1,0 +1,67 @@
+"""A request's state while it is in the engine, and the metrics it reports."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling_params import SamplingParams
+
+METHODS = ("ar", "dflash", "ddtree")
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    rounds: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # tau per round, bonus included
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    ttft_s: float | None = None
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    def histogram(self, block_size: int) -> list[int]:
+        """counts[t-1] = rounds that committed t tokens, t = 1..block_size."""
+        counts = [0] * max(block_size, max(self.accept_lengths, default=1))
+        for t in self.accept_lengths:
+            counts[t - 1] += 1
+        return counts
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "accept_lengths": list(self.accept_lengths),
+                "mean_accept_length": self.mean_accept_length, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "elapsed_s": self.elapsed_s,
+                "ttft_s": self.ttft_s}
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    req_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    method: str                       # "ar" | "dflash" | "ddtree"
+    block_size: int                   # drafter block length (1 for ar)
+    budget: int                       # draft nodes per round (0 for ar)
+    generator: torch.Generator | None  # None for greedy
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    length: int = 0                   # tokens in the target KV cache (= committed - 1: bonus is not)
+    pending: torch.Tensor | None = None  # [n, F] target features of tokens not yet in the drafter cache
+    finish_reason: str | None = None  # None while running; "stop" | "length" | "abort"
+    text_end: int | None = None       # where a stop string cut the text
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    t_start: float = field(default_factory=time.perf_counter)
+    emitted: int = 0                  # output tokens already reported by Engine.step
+
+    @property
+    def bonus(self) -> int:
+        return self.output_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,108 @@
+"""`LLM`: the Python entry point — load a target (+ drafter), tokenise, run the engine to completion.
+
+Owns loading and text; the decoding itself is `engine/engine.py`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine.engine import Engine, EngineConfig
+from .engine.sequence import RequestMetrics, Sequence
+from .models.loader import load_drafter, load_target
+from .sampling_params import SamplingParams
+from .tokenizer import Tokenizer
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+BUNDLED_TARGET = BUNDLED_DIR / "target"
+BUNDLED_DRAFTER = BUNDLED_DIR / "drafter"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    prompt: str | list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+class LLM:
+    def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
+                 method: str = "ddtree", budget: int | None = None, block_size: int | None = None,
+                 device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
+                 max_model_len: int | None = None):
+        if model is None:
+            model = BUNDLED_TARGET
+            draft = BUNDLED_DRAFTER if draft is None else draft
+        config = EngineConfig(method=method, budget=budget, block_size=block_size,
+                              max_batch_size=max_batch_size, max_model_len=max_model_len)
+        if method != "ar" and draft is None:
+            raise ValueError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
+        self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
+        self.target = load_target(model, dtype=dtype, device=device)
+        self.drafter = load_drafter(draft, self.target) if draft else None
+        self.tokenizer = Tokenizer(model)
+        self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
+                             decode=self.tokenizer.decode)
+
+    # ------------------------------------------------------------------ helpers
+    def _ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise TypeError("a prompt must be a string or a list of token ids")
+
+    def text_of(self, seq: Sequence) -> str:
+        ids = seq.output_ids
+        if seq.finish_reason == "stop" and ids and ids[-1] in seq.stop_ids:
+            ids = ids[:-1]  # the stop token itself is not part of the text
+        text = self.tokenizer.decode(ids)
+        return text[:seq.text_end] if seq.text_end is not None else text
+
+    def _output(self, prompt, seq: Sequence) -> RequestOutput:
+        return RequestOutput(prompt=prompt, text=self.text_of(seq), token_ids=list(seq.output_ids),
+                             finish_reason=seq.finish_reason, metrics=seq.metrics)
+
+    # ------------------------------------------------------------------ API
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 method: str | None = None, budget: int | None = None,
+                 block_size: int | None = None) -> list[RequestOutput]:
+        """Run prompts (str | list[str] | list[list[int]]) to completion, batched."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            plist = params
+        else:
+            plist = [params or SamplingParams()] * len(prompts)
+        seqs = [self.engine.add_request(self._ids(p), sp, method=method, budget=budget, block_size=block_size)
+                for p, sp in zip(prompts, plist)]
+        while any(not s.finished for s in seqs):
+            self.engine.step()
+        return [self._output(p, s) for p, s in zip(prompts, seqs)]
+
+    def chat(self, messages_or_list, params=None, **kw) -> list[RequestOutput]:
+        """OpenAI-style messages (one conversation or a list of them)."""
+        convs = messages_or_list
+        if isinstance(convs, list) and convs and isinstance(convs[0], dict):
+            convs = [convs]
+        return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, **kw)
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, **kw) -> Iterator[str]:
+        """Yield text as it is committed (never a broken UTF-8 character); `.last` holds the seq."""
+        seq = self.engine.add_request(self._ids(prompt), params or SamplingParams(), **kw)
+        self.last = seq
+        sent = ""
+        while not seq.finished:
+            self.engine.step()
+            text = self.text_of(seq)
+            if text.endswith("\ufffd") and not seq.finished:
+                continue
+            if len(text) > len(sent):
+                yield text[len(sent):]
+                sent = text

@@ -1,0 +1,79 @@
+"""Draft trees: the DDTree best-first builder, the DFlash chain, and their flat encoding.
+
+A tree is nodes in pop order, root (the bonus token, index 0) first, so parents precede
+children and siblings come in descending draft probability. `DraftTree` holds one sequence's
+tree on the host; packing many trees into one target forward lives in `engine/round.py`.
+This module never sees the target model or samples anything.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class DraftTree:
+    tokens: list[int]          # [N+1] root first
+    parents: list[int]         # [N+1] root = -1
+    depths: list[int]          # [N+1] root = 0; position of node i = start + depths[i]
+    logprobs: list[float]      # [N+1] draft log-prob of each node's own token (root 0.0)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def visibility(self) -> np.ndarray:
+        """[N+1, N+1] bool: row i is True at i's ancestors and i itself (ancestor-only mask)."""
+        n = self.size
+        vis = np.zeros((n, n), dtype=bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                vis[i] = vis[p]
+            vis[i, i] = True
+        return vis
+
+
+def root_only(root: int) -> DraftTree:
+    """Plain decoding: the root alone (tau is always 1)."""
+    return DraftTree([root], [-1], [0], [0.0])
+
+
+def chain_tree(root: int, draft_ids: list[int], draft_logprobs: list[float] | None = None) -> DraftTree:
+    """DFlash chain: node d (depth d) is the argmax draft of slot d, each the child of the last."""
+    n = len(draft_ids)
+    lps = list(draft_logprobs) if draft_logprobs is not None else [0.0] * n
+    return DraftTree([root, *draft_ids], list(range(-1, n)), list(range(n + 1)), [0.0, *lps])
+
+
+def build_ddtree(root: int, topk_logprobs: np.ndarray, topk_ids: np.ndarray, budget: int) -> DraftTree:
+    """Best-first DDTree over per-depth top-K drafts.
+
+    topk_logprobs, topk_ids: [L, K], rows in descending order (row d-1 is depth d).
+    Score of a prefix = sum of its per-depth log-probs. Pop the best of a max-heap `budget`
+    times; each pop pushes its next sibling (rank+1) and its first child (depth+1, rank 0).
+    Ties go to the lexicographically smaller rank tuple, so trees are deterministic.
+    """
+    L, K = topk_ids.shape
+    tree = DraftTree([root], [-1], [0], [0.0])
+    if budget <= 0 or L == 0:
+        return tree
+    lp = topk_logprobs.tolist()
+    ids = topk_ids.tolist()
+    # heap item: (-score, ranks, parent index, depth)
+    heap = [(-lp[0][0], (0,), 0, 1)]
+    while heap and tree.size - 1 < budget:
+        neg, ranks, parent, depth = heapq.heappop(heap)
+        node = tree.size
+        rank = ranks[-1]
+        tree.tokens.append(ids[depth - 1][rank])
+        tree.parents.append(parent)
+        tree.depths.append(depth)
+        tree.logprobs.append(lp[depth - 1][rank])
+        if rank + 1 < K:
+            sib = -neg - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sib, ranks[:-1] + (rank + 1,), parent, depth))
+        if depth < L:
+            heapq.heappush(heap, (neg - lp[depth][0], ranks + (0,), node, depth + 1))
+    return tree

@@ -1,0 +1,37 @@
+"""Verification: one rule for chains and trees, as a pure tensor function.
+
+Rule (target-only, lossless for any draft that does not depend on the verify draws): at every
+node the target draws y_i from the sampling pipeline applied to that node's logits (argmax when
+greedy). Walk from the root: if a child of the current node carries the current node's draw,
+move to it; otherwise stop — the draw becomes the bonus token. Siblings are distinct, so the
+accepted nodes form one root-to-node path. Draft probabilities never enter the rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class VerifyOutput:
+    accepted: torch.Tensor   # [B, T] bool: node is on the accepted path (root always)
+    last: torch.Tensor       # [B] index of the deepest accepted node
+    bonus: torch.Tensor      # [B] the target's draw at `last`: the next root
+
+
+def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                valid: torch.Tensor, draws: torch.Tensor, max_depth: int) -> VerifyOutput:
+    """tokens, parents, depths, valid, draws: [B, T] (node 0 = root; parents[:, 0] = 0;
+    padding nodes have valid = False). draws[b, i] = the target's token drawn at node i.
+    max_depth (host int) bounds the sweeps, so the function never syncs."""
+    is_root = torch.zeros_like(valid)
+    is_root[:, 0] = True
+    # a node matches when its token equals its parent's draw
+    match = valid & (tokens == draws.gather(1, parents)) & ~is_root        # [B, T]
+    accepted = is_root.clone()
+    for _ in range(max_depth):  # parents precede children: depth-many sweeps settle it
+        accepted = is_root | (match & accepted.gather(1, parents))
+    last = torch.where(accepted, depths, -1).argmax(dim=1)                 # [B]
+    bonus = draws.gather(1, last[:, None]).squeeze(1)
+    return VerifyOutput(accepted, last, bonus)

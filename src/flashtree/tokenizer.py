@@ -1,0 +1,84 @@
+"""Tokenizer: `tokenizer.json` through the `tokenizers` library, the chat template from
+`tokenizer_config.json` rendered with jinja2 the way transformers renders it, and eos ids from
+config.json / generation_config.json / the tokenizer's eos token. No model code here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from .config import ConfigError
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return [int(i) for i in (x if isinstance(x, list) else [x])]
+
+
+def _token_text(tok) -> str | None:
+    return tok.get("content") if isinstance(tok, dict) else tok
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        tj = path / "tokenizer.json"
+        if not tj.is_file():
+            raise ConfigError(f"{tj}: file not found (flashtree needs a `tokenizers` tokenizer.json)")
+        self.tk = HFTokenizer.from_file(str(tj))
+        cfg_path = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.chat_template: str | None = cfg.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates: take "default"
+            named = {t["name"]: t["template"] for t in self.chat_template}
+            self.chat_template = named.get("default") or next(iter(named.values()))
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token is not None
+        eos = set()
+        for name in ("config.json", "generation_config.json"):
+            f = path / name
+            if f.is_file():
+                eos.update(_as_list(json.loads(f.read_text()).get("eos_token_id")))
+        if self.eos_token and self.tk.token_to_id(self.eos_token) is not None:
+            eos.add(self.tk.token_to_id(self.eos_token))
+        self.eos_token_ids: list[int] = sorted(eos)
+        self.vocab_size = self.tk.get_vocab_size()
+        self._template = None
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tk.encode(text, add_special_tokens=False).ids
+        if self.add_bos:
+            ids = [self.tk.token_to_id(self.bos_token)] + ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tk.decode(ids, skip_special_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tk.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}] must be a dict with a 'role' and a string 'content'")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent, ensure_ascii=False)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+
+def _raise(message):
+    raise jinja2.exceptions.TemplateError(message)

@@ -1,0 +1,72 @@
+"""Tiny random checkpoints for tests: HF targets written by transformers, DFlash drafters by flashtree."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from flashtree.config import DrafterConfig, ModelConfig
+from flashtree.models.drafter import DFlashDrafter
+from flashtree.models.loader import save_module
+
+BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def make_hf_target(path: Path, model_type: str = "qwen3", seed: int = 0, **over) -> Path:
+    """Save a random transformers model (float32) with `save_pretrained` and return its dir."""
+    import transformers
+    cfg_cls = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
+               "qwen2": transformers.Qwen2Config}[model_type]
+    kw = {**BASE, **over}
+    if model_type == "qwen3":
+        kw.setdefault("head_dim", 16)
+    cfg = cfg_cls(**kw)
+    model_cls = {"qwen3": transformers.Qwen3ForCausalLM, "llama": transformers.LlamaForCausalLM,
+                 "qwen2": transformers.Qwen2ForCausalLM}[model_type]
+    torch.manual_seed(seed)
+    model = model_cls(cfg).float()
+    with torch.no_grad():  # larger weights than the 0.02 init make logits far from uniform
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2 if "embed" in name or "lm_head" in name else 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def make_drafter(path: Path, target_dir: Path, block_size: int = 8, layers: int = 1,
+                 target_layer_ids=(0, 2), mask_token_id: int | None = None, seed: int = 1) -> Path:
+    t = ModelConfig.from_dir(target_dir)
+    raw = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
+        "num_target_layers": t.num_hidden_layers,
+        "dflash_config": {"mask_token_id": t.vocab_size - 1 if mask_token_id is None else mask_token_id,
+                          "target_layer_ids": list(target_layer_ids)},
+        "vocab_size": t.vocab_size, "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": layers, "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads, "head_dim": t.head_dim, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "max_position_embeddings": t.max_position_embeddings,
+    }
+    cfg = DrafterConfig.from_dict(raw, source=str(path / "config.json"))
+    torch.manual_seed(seed)
+    model = DFlashDrafter(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+    save_module(model, raw, path)
+    return path
+
+
+def write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over tokens 't0'..'t{V-1}' so LLM() can load test checkpoints."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
