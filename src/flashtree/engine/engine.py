@@ -93,7 +93,8 @@ class Engine:
         self._next_id = 0
         self.verify_fn = verify_tree          # swappable in tests (a wrong verifier must be caught)
         self.node_probs = logits_to_probs     # the sampling pipeline used at every node
-        self.timings: dict[str, float] = {}   # seconds per phase, accumulated
+        self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
+        self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
 
@@ -173,21 +174,28 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
         """Admit and prefill newcomers, then one draft -> tree -> verify -> commit round."""
+        self.round_times = {}
         self._admit()
         batch = [s for s in self.running if not s.finished]
         if batch:
+            logged = len(self.round_log) if self.round_log is not None else 0
             drafts = self._timed("draft", self._draft, batch)
             trees = self._timed("tree", lambda: [self._tree(s, drafts.get(s)) for s in batch])
             vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
             logits, feats = self._timed("verify_forward", self._forward, batch, vin)
             vout = self._timed("verify_walk", self._verify, batch, vin, logits)
             self._timed("commit", self._commit, batch, trees, vin, vout, feats)
+            if self.round_log is not None:
+                for entry in self.round_log[logged:]:
+                    entry["times"] = dict(self.round_times)
         return self._collect()
 
     def _timed(self, name, fn, *args):
         t0 = time.perf_counter()
         out = fn(*args)
-        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.timings[name] = self.timings.get(name, 0.0) + dt
+        self.round_times[name] = self.round_times.get(name, 0.0) + dt
         return out
 
     def _admit(self) -> None:

@@ -1,0 +1,66 @@
+"""`flashtree` command line: one subcommand per module, loaded lazily.
+
+Each command module exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can
+fix (bad paths, bad parameters) print one line and exit 2 — never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("flashtree.commands.generate", "generate text for a prompt (streams to the terminal)"),
+    "serve": ("flashtree.server.app", "run the OpenAI-compatible HTTP server"),
+    "bench": ("flashtree.commands.bench", "benchmark methods x budgets x temperatures x concurrency vs peers"),
+    "verify": ("flashtree.commands.verify", "statistical losslessness report (exit code != 0 on failure)"),
+    "trace": ("flashtree.commands.trace", "write an HTML page showing each round's draft tree"),
+    "env": ("flashtree.commands.env", "what this installation can do (versions, device, methods, model pair)"),
+    "train-target": ("flashtree.commands.train_target", "train the bundled target LM on the stdlib corpus"),
+    "train-drafter": ("flashtree.commands.train_drafter", "train a DFlash drafter for any supported target"),
+}
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one line, exit code 2."""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="flashtree", description="Lossless speculative decoding (DFlash / DDTree).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules = {}
+    for name, (mod, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("flashtree"):
+                p.set_defaults(_missing=f"'{name}' is not available in this build ({e.name} missing)")
+                continue
+            raise
+        m.add_arguments(p)
+        modules[name] = m
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"flashtree: error: {args._missing}", file=sys.stderr)
+        return 2
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except (UserError, ValueError, FileNotFoundError, TypeError) as e:
+        from .config import ConfigError  # noqa: F401  (ConfigError is a ValueError)
+        print(f"flashtree {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""`flashtree generate PROMPT`: stream a completion to the terminal, or print one JSON object."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..engine.sequence import METHODS
+
+
+def add_model_arguments(p) -> None:
+    """Options shared by every command that loads a model pair."""
+    p.add_argument("--model", default=None, help="target HF directory (default: the bundled target)")
+    p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the bundled drafter)")
+    p.add_argument("--method", default="ddtree", choices=METHODS, help="decoding method (default: ddtree)")
+    p.add_argument("--budget", type=int, default=None, help="DDTree draft nodes per round")
+    p.add_argument("--block-size", type=int, default=None, help="drafter block size (<= the drafter's)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+
+
+def add_sampling_arguments(p) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def sampling_params(args):
+    from ..sampling_params import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
+                          stop=getattr(args, "stop", None) or None)
+
+
+def load_llm(args, **kw):
+    from ..llm import LLM
+    return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget,
+               block_size=args.block_size, device=args.device, dtype=args.dtype, **kw)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("prompt", help="prompt text (use --chat to wrap it as a user message)")
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
+    p.add_argument("--json", action="store_true", help="print one JSON object {text, token_ids, finish_reason, metrics}")
+
+
+def run(args) -> int:
+    params = sampling_params(args)  # validate before loading anything
+    llm = load_llm(args)
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    if args.json:
+        o = llm.generate([prompt], params)[0]
+        print(json.dumps({"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                          "metrics": o.metrics.to_dict()}))
+        return 0
+    sys.stdout.write(prompt)
+    for piece in llm.stream(prompt, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    m = llm.last.metrics
+    print(f"\n[{m.completion_tokens} tokens, {m.elapsed_s:.2f}s, {m.completion_tokens / max(m.elapsed_s, 1e-9):.1f} tok/s, "
+          f"mean accept length {m.mean_accept_length:.2f}, finish {llm.last.finish_reason}]", file=sys.stderr)
+    return 0
