@@ -1,0 +1,254 @@
+"""The engine loop: one background thread owns the (not thread-safe) Engine and drives `step()`.
+
+HTTP handlers never touch the engine. They hand requests and aborts to the loop thread through
+a thread-safe inbox (`submit`, `abort`) and receive `Update`s on their own asyncio queue
+(`Channel`), posted with `loop.call_soon_threadsafe`. Between rounds the loop drains the inbox,
+so requests join and leave the running batch at round boundaries (continuous batching) and an
+aborted request's KV slot is freed before the next round. The loop also records metrics and logs
+one line per finished request.
+
+`TextDelta` turns successive full texts into increments that are safe to stream. Response
+formatting and HTTP live in app.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..engine.sequence import RequestMetrics, Sequence
+from ..sampling_params import SamplingParams
+from .metrics import ServerMetrics
+
+log = logging.getLogger("flashtree.server")
+
+
+@dataclass(slots=True, frozen=True)
+class Update:
+    index: int                 # choice index within its HTTP request
+    text: str                  # the choice's full text so far (stop ids and stop strings applied)
+    num_tokens: int            # completion tokens so far
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
+    metrics: RequestMetrics | None = None  # the finished request's metrics
+    block_size: int = 1
+
+
+class TextDelta:
+    """Successive full texts -> the new text that is safe to send.
+
+    While a request runs it holds back a trailing U+FFFD (an incomplete UTF-8 character that
+    later tokens complete) and any tail that could be the start of a stop string (the stop may
+    span the next tokens; the engine cuts the text where a stop string begins)."""
+    __slots__ = ("stop", "sent")
+
+    def __init__(self, stop: list[str] | None):
+        self.stop, self.sent = stop or [], ""
+
+    def push(self, text: str, finished: bool) -> str:
+        if not text.startswith(self.sent):  # the decoder revised text already sent: wait for more
+            return text[len(self.sent):] if finished else ""
+        end = len(text)
+        if not finished:
+            end = len(text.rstrip("\ufffd"))
+            end -= max((self._stop_prefix(text[:end], s) for s in self.stop), default=0)
+        if end <= len(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent):end], text[:end]
+        return delta
+
+    @staticmethod
+    def _stop_prefix(text: str, stop: str) -> int:
+        """Length of the longest proper prefix of `stop` that `text` ends with."""
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                return k
+        return 0
+
+
+class Channel:
+    """The updates of one HTTP request's choices, delivered into the handler's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[Update] = asyncio.Queue()
+        self.seqs: list[Sequence] = []
+        self.t_arrival = time.perf_counter()
+
+    def put(self, update: Update) -> None:  # engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+    async def get(self) -> Update:
+        return await self.queue.get()
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    channel: Channel
+    index: int
+    t_last: float
+    rounds_seen: int = 0
+    first: bool = True
+
+
+@dataclass(slots=True)
+class Submission:
+    prompts: list[list[int]]            # one per choice
+    params: list[SamplingParams]        # one per choice
+    method: str | None = None
+    budget: int | None = None
+    block_size: int | None = None
+    channel: Channel | None = field(default=None, repr=False)
+
+
+class AsyncEngine:
+    def __init__(self, llm, metrics: ServerMetrics):
+        self.llm, self.engine, self.metrics = llm, llm.engine, metrics
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[Sequence, _Live] = {}
+        self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
+        self._thread = threading.Thread(target=self._run, name="flashtree-engine", daemon=True)
+        metrics.kv_slots_total.set(self.engine.cache.num_slots)
+
+    # ------------------------------------------------------------ called from the event loop
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    async def submit(self, sub: Submission) -> Channel:
+        """Queue the choices of one request; raises the engine's ValueError / QueueFullError."""
+        sub.channel = Channel(asyncio.get_running_loop())
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("add", sub, fut))
+        await asyncio.wrap_future(fut)
+        return sub.channel
+
+    def abort(self, channel: Channel) -> None:
+        """Stop the channel's unfinished choices (client gone); slots are freed by the loop."""
+        self._inbox.put(("abort", channel))
+
+    # ------------------------------------------------------------ the loop thread
+    def _run(self) -> None:
+        while True:
+            for cmd in self._commands():
+                if cmd[0] == "stop":
+                    self._abort_all("abort")
+                    return
+                try:
+                    self._handle(cmd)
+                except Exception:
+                    log.exception("engine loop: command %s failed", cmd[0])
+            if self.engine.has_work():
+                try:
+                    self._publish(self.engine.step())
+                except Exception:
+                    log.exception("engine step failed; aborting all requests")
+                    self._abort_all("error")
+            self._gauges()
+
+    def _commands(self):
+        """The pending commands; waits for one only when the engine has nothing to run."""
+        try:
+            yield self._inbox.get(block=not self.engine.has_work())
+            while True:
+                yield self._inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _handle(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, sub, fut = cmd
+            if fut.set_running_or_notify_cancel():  # False: the client left while queued here
+                try:
+                    self._add(sub)
+                except Exception as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(None)
+        elif cmd[0] == "abort":
+            for seq in cmd[1].seqs:
+                if seq in self._live:
+                    self.engine.abort(seq)
+                    self._finish(seq, "abort")
+
+    def _add(self, sub: Submission) -> None:
+        ch = sub.channel
+        try:
+            for prompt, params in zip(sub.prompts, sub.params):
+                seq = self.engine.add_request(prompt, params, method=sub.method, budget=sub.budget,
+                                              block_size=sub.block_size)
+                ch.seqs.append(seq)
+                self._live[seq] = _Live(ch, len(ch.seqs) - 1, ch.t_arrival)
+        except Exception:  # all choices or none
+            for seq in ch.seqs:
+                self.engine.abort(seq)
+                del self._live[seq]
+            ch.seqs.clear()
+            raise
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in sub.prompts))
+
+    def _publish(self, events) -> None:
+        now = time.perf_counter()
+        stats = self.engine.stats
+        forwards, seqs = stats["forwards"] - self._stats[0], stats["seqs_in_forwards"] - self._stats[1]
+        self._stats = (stats["forwards"], stats["seqs_in_forwards"])
+        if forwards:
+            self.metrics.rounds.inc(forwards)
+            self.metrics.batch_size.observe(seqs / forwards)
+        for seq, live in self._live.items():
+            taus = seq.metrics.accept_lengths[live.rounds_seen:]
+            live.rounds_seen += len(taus)
+            self.metrics.record_request_rounds(seq.method, taus)
+        for ev in events:
+            live = self._live.get(ev.seq)
+            if live is None:
+                continue
+            if ev.new_ids:
+                self.metrics.record_tokens(live.first, len(ev.new_ids), now - live.t_last)
+                live.t_last, live.first = now, False
+            if ev.seq.finished:
+                self._finish(ev.seq, ev.seq.finish_reason)
+            else:
+                live.channel.put(Update(live.index, self.llm.text_of(ev.seq), len(ev.seq.output_ids), None))
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        live = self._live.pop(seq)
+        m = seq.metrics
+        if not m.elapsed_s:
+            m.elapsed_s = time.perf_counter() - seq.t_start
+        text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
+        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size))
+        self.metrics.requests.labels(reason).inc()
+        self.metrics.e2e.observe(time.perf_counter() - live.channel.t_arrival)
+        log.info("request %d finished (%s, %s): %d prompt + %d completion tokens in %.3fs, %.1f tok/s, "
+                 "mean accept length %.2f over %d rounds", seq.req_id, seq.method, reason, m.prompt_tokens,
+                 m.completion_tokens, m.elapsed_s, m.completion_tokens / max(m.elapsed_s, 1e-9),
+                 m.mean_accept_length, m.rounds)
+
+    def _abort_all(self, reason: str) -> None:
+        for seq in list(self._live):
+            try:
+                self.engine.abort(seq)
+            except Exception:  # a broken engine must not keep requests waiting forever
+                log.exception("abort of request %d failed", seq.req_id)
+            self._finish(seq, reason)
+
+    def _gauges(self) -> None:
+        m, e = self.metrics, self.engine
+        m.queue_depth.set(len(e.waiting))
+        m.running.set(len(e.running))
+        m.kv_slots_used.set(e.cache.num_slots - e.cache.free_slots)

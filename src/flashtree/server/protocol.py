@@ -1,0 +1,286 @@
+"""OpenAI wire format: pydantic schemas for requests, responses, stream chunks and errors.
+
+Requests are parsed strictly from the raw JSON body (`parse_request`): wrong types and unknown
+fields are errors, and OpenAI parameters flashtree cannot honour (logprobs, tools, penalties, ...)
+are rejected by name unless they carry their no-op value — never silently ignored. Value ranges
+(temperature >= 0, 0 < top_p <= 1, ...) are checked once, by `SamplingParams`. This module knows
+nothing about the engine, tokenisation or HTTP routing.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..engine.sequence import METHODS
+from ..sampling_params import SamplingParams
+
+MAX_N = 128
+
+
+class APIError(Exception):
+    """An error answered as OpenAI error JSON: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ------------------------------------------------------------------------------------ requests
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Speculative(_Strict):
+    method: Literal["ar", "dflash", "ddtree"] | None = None
+    budget: int | None = None
+    block_size: int | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # accepted for vLLM clients; usage still comes once
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+# OpenAI parameters flashtree does not implement, with the values that mean "off".
+_NO_OP = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "echo": (None, False),
+    "best_of": (None, 1), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
+    "reasoning_effort": (None,), "web_search_options": (None,),
+}
+
+
+def _is_no_op(value, no_ops: tuple) -> bool:
+    # type-aware: False is not the penalty 0, 0 is not logprobs=False
+    return any(value is None if d is None else (type(value) is type(d) or {type(value), type(d)} == {int, float})
+               and value == d for d in no_ops)
+
+
+class _Sampling(_Strict):
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extensions
+    top_k: int | None = None       # -1 or 0: off
+    min_p: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    speculative: Speculative | None = None
+    # OpenAI parameters accepted only with their no-op value (see _NO_OP)
+    logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def unsupported(self) -> str | None:
+        """The first parameter set to a value flashtree cannot honour, or None."""
+        for name in type(self).model_fields:
+            if name in _NO_OP and not _is_no_op(getattr(self, name), _NO_OP[name]):
+                return name
+        return None
+
+    def sampling_params(self, choice: int, max_tokens: int) -> SamplingParams:
+        """Parameters for the choice-th sample; a seeded request gives choice i the seed seed+i."""
+        seed = None if self.seed is None else self.seed + choice
+        try:
+            return SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k in (None, -1) else self.top_k,
+                min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=seed, stop=self.stop or None,
+                stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+        except ValueError as e:
+            m = re.match(r"SamplingParams\.(\w+)", str(e))
+            param = m.group(1) if m else None
+            if param == "max_tokens" and isinstance(self, ChatCompletionRequest) and self.max_completion_tokens is not None:
+                param = "max_completion_tokens"
+            raise APIError(400, str(e).removeprefix("SamplingParams."), param=param) from None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    prediction: Any = None
+    audio: Any = None
+    modalities: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: Any = None
+    echo: Any = None
+    best_of: Any = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+def _is_union_tag(part) -> bool:
+    """pydantic puts the tried union member in an error's loc ('str', 'list[TextPart]'); not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part)
+
+
+def parse_request(cls: type[_Sampling], body: bytes) -> _Sampling:
+    """Validate a raw JSON body; any problem becomes a 400 APIError naming the parameter."""
+    try:
+        req = cls.model_validate_json(body)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err["loc"] if not _is_union_tag(x))
+        if err["type"] == "json_invalid":
+            raise APIError(400, f"the request body is not valid JSON: {err['msg']}") from None
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"unrecognized request argument supplied: {loc}", param=loc) from None
+        if err["type"] == "model_type" and not loc:
+            raise APIError(400, "the request body must be a JSON object") from None
+        raise APIError(400, f"{loc}: {err['msg']}" if loc else err["msg"], param=loc or None) from None
+    bad = req.unsupported()
+    if bad:
+        raise APIError(400, f"'{bad}' is not supported by flashtree (got {getattr(req, bad)!r}); "
+                            "remove it or set it to its default", param=bad)
+    if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
+        raise APIError(400, "stop_token_ids must be non-negative token ids", param="stop_token_ids")
+    return req
+
+
+# ------------------------------------------------------------------------------------ responses
+class SpecUsage(BaseModel):
+    rounds: int
+    mean_accept_length: float
+    accept_length_histogram: list[int]   # [t-1] = rounds that committed t tokens
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    spec: SpecUsage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """Also the stream chunk of /v1/completions (OpenAI uses one shape for both)."""
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "flashtree"
+    max_model_len: int
+    methods: list[str] = list(METHODS)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
