@@ -1,0 +1,336 @@
+"""Measurement for `flashtree bench`: timed passes over a prompt set, transformers peers on the
+same weights, the speculative bound from measured component costs, the table and the plots.
+
+One *pass* runs every prompt of the set through one configuration (method, budget) at one
+temperature and concurrency. Passes of all configurations are interleaved repeat by repeat, so
+machine noise hits them alike; tok/s is the median over repeats after warm-up, and every speedup
+is a ratio of two medians measured in this process. The bound for a speculative configuration is
+
+    bound = tau * c(1) / (c_draft + c_verify(N))
+
+with c(1) the per-step cost of a plain decoding step (verify-side phases of the `ar` passes),
+c_draft the drafter + tree-building time per step and c_verify(N) the pack + target forward +
+walk + commit time per step of that configuration; `share` = measured speedup / bound. Costs
+come from `Engine.timings`, so prefill and Python overhead between phases are outside them.
+
+This module does no argument parsing (`commands/bench.py`) and no decoding of its own (`LLM`).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .sampling_params import SamplingParams
+
+DRAFT_PHASES = ("draft", "tree")
+VERIFY_PHASES = ("pack", "verify_forward", "verify_walk", "commit")
+PEERS = ("hf_generate", "hf_prompt_lookup")
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    """One decoding configuration of our engine."""
+    method: str              # "ar" | "dflash" | "ddtree"
+    budget: int | None = None  # ddtree nodes per round; None otherwise
+
+    @property
+    def label(self) -> str:
+        return f"ddtree@{self.budget}" if self.method == "ddtree" else self.method
+
+
+@dataclass(slots=True)
+class Pass:
+    """One timed pass over the prompt set."""
+    seconds: float
+    tokens: int                                   # completion tokens over all prompts
+    accept_lengths: list[int] = field(default_factory=list)  # tau of every round
+    steps: int = 0                                # engine steps that ran a round (target forwards)
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds in this pass
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-12)
+
+    def per_step(self, phases: tuple[str, ...]) -> float:
+        """Seconds per engine step spent in `phases`."""
+        return sum(self.timings.get(p, 0.0) for p in phases) / max(self.steps, 1)
+
+
+@dataclass(slots=True)
+class BenchPlan:
+    methods: list[str]
+    budgets: list[int]
+    temperatures: list[float]
+    concurrency: list[int]
+    repeats: int = 3
+    warmup: int = 1
+    peers: bool = True
+    lookup_tokens: int = 10      # prompt_lookup_num_tokens of the assisted-generation peer
+
+    def __post_init__(self):
+        for name in ("methods", "temperatures", "concurrency"):
+            if not getattr(self, name):
+                raise ValueError(f"bench: --{name} must list at least one value")
+        if "ddtree" in self.methods and not self.budgets:
+            raise ValueError("bench: ddtree needs at least one budget (--budgets)")
+        if min(self.concurrency) < 1:
+            raise ValueError(f"bench: concurrency must be >= 1, got {self.concurrency}")
+        if any(t < 0 for t in self.temperatures):
+            raise ValueError(f"bench: temperatures must be >= 0, got {self.temperatures}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"bench: need --repeats >= 1 and --warmup >= 0, got {self.repeats}, {self.warmup}")
+
+    def configs(self) -> list[Config]:
+        """`ar` first (the baseline is always measured), then the requested speculative configs."""
+        out = [Config("ar")]
+        if "dflash" in self.methods:
+            out.append(Config("dflash"))
+        if "ddtree" in self.methods:
+            out += [Config("ddtree", b) for b in sorted(set(self.budgets))]
+        return out
+
+    def passes(self) -> int:
+        """Total timed passes, for the progress bar."""
+        ours = len(self.temperatures) * len(self.concurrency) * len(self.configs())
+        peers = len(self.temperatures) * len(PEERS) if self.peers else 0
+        return (ours + peers) * (self.warmup + self.repeats)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+# ---------------------------------------------------------------------------- passes
+def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg: Config,
+             concurrency: int) -> Pass:
+    """Run the prompt set through `llm` with at most `concurrency` sequences per step."""
+    eng = llm.engine
+    eng.config.max_batch_size = concurrency  # the KV cache was sized for the largest concurrency
+    eng.timings.clear()
+    forwards = eng.stats["forwards"]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompt_ids, params, method=cfg.method, budget=cfg.budget)
+    seconds = time.perf_counter() - t0
+    return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
+                accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
+                steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings))
+
+
+class HFPeer:
+    """transformers `generate` on the target's own checkpoint, one prompt at a time (batch 1)."""
+
+    def __init__(self, model_dir: str | Path, device: torch.device, dtype: torch.dtype):
+        from transformers import AutoModelForCausalLM
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        except Exception as e:  # any loader failure becomes one actionable line
+            raise ValueError(f"transformers cannot load {model_dir} as a peer ({type(e).__name__}: {e}); "
+                             "run with --no-peers") from e
+        self.device = device
+
+    def run(self, prompt_ids: list[list[int]], params: list[SamplingParams], lookup: int | None) -> Pass:
+        tokens, t0 = 0, time.perf_counter()
+        for ids, sp in zip(prompt_ids, params):
+            x = torch.tensor([ids], device=self.device)
+            kw = dict(max_new_tokens=sp.max_tokens, do_sample=not sp.greedy, pad_token_id=0,
+                      attention_mask=torch.ones_like(x))
+            if not sp.greedy:
+                kw.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                          min_p=sp.min_p or None)
+                torch.manual_seed(sp.seed if sp.seed is not None else 0)
+            else:
+                kw.update(temperature=None, top_k=None, top_p=None)
+            if sp.ignore_eos:
+                kw["min_new_tokens"] = sp.max_tokens
+            if lookup:
+                kw["prompt_lookup_num_tokens"] = lookup
+            with torch.inference_mode():
+                out = self.model.generate(x, **kw)
+            tokens += out.shape[1] - len(ids)
+        return Pass(seconds=time.perf_counter() - t0, tokens=tokens)
+
+
+# ---------------------------------------------------------------------------- the sweep
+def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: BenchPlan,
+              peer: HFPeer | None = None, progress=None) -> dict:
+    """Measure every (temperature, concurrency, config) cell and the peers; return the report."""
+    tick = progress.update if progress is not None else (lambda n=1: None)
+    block_size = llm.engine.default_block_size
+    cells, peers = [], []
+    for temp in plan.temperatures:
+        params = [replace(base, temperature=temp, seed=(base.seed or 0) + i) for i in range(len(prompt_ids))]
+        for conc in plan.concurrency:
+            with_peers = peer is not None and conc == min(plan.concurrency)
+            runs = {cfg: [] for cfg in plan.configs()}
+            peer_runs = {name: [] for name in PEERS} if with_peers else {}
+            for r in range(plan.warmup + plan.repeats):
+                keep = r >= plan.warmup
+                for cfg, passes in runs.items():
+                    p = our_pass(llm, prompt_ids, params, cfg, conc)
+                    if keep:
+                        passes.append(p)
+                    tick()
+                for name, passes in peer_runs.items():
+                    p = peer.run(prompt_ids, params, plan.lookup_tokens if name == "hf_prompt_lookup" else None)
+                    if keep:
+                        passes.append(p)
+                    tick()
+            group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens) for name, ps in peer_runs.items()]
+            peers += group_peers
+            cells += summarize_group(runs, temp, conc, block_size, group_peers)
+    return {"cells": cells, "peers": peers}
+
+
+def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int) -> dict:
+    return {"name": name, "temperature": temp, "batch_size": 1,
+            "prompt_lookup_num_tokens": lookup if name == "hf_prompt_lookup" else None,
+            "tok_s": median([p.tok_s for p in passes]), "tok_s_runs": [p.tok_s for p in passes],
+            "completion_tokens": sum(p.tokens for p in passes)}
+
+
+def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
+                    peers: list[dict]) -> list[dict]:
+    """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others."""
+    ar = runs[Config("ar")]
+    ar_tok_s = median([p.tok_s for p in ar])
+    c1 = median([p.per_step(DRAFT_PHASES + VERIFY_PHASES) for p in ar])  # ar drafts nothing
+    out = []
+    for cfg, passes in runs.items():
+        taus = [t for p in passes for t in p.accept_lengths]
+        tau = sum(taus) / len(taus) if taus else 0.0
+        hist = [0] * max(block_size, max(taus, default=1))
+        for t in taus:
+            hist[t - 1] += 1
+        tok_s = median([p.tok_s for p in passes])
+        c_draft = median([p.per_step(DRAFT_PHASES) for p in passes])
+        c_verify = median([p.per_step(VERIFY_PHASES) for p in passes])
+        bound = 1.0 if cfg.method == "ar" else tau * c1 / max(c_draft + c_verify, 1e-12)
+        speedup = tok_s / ar_tok_s if ar_tok_s else None
+        phases = sorted({k for p in passes for k in p.timings})
+        out.append({
+            "method": cfg.method, "budget": cfg.budget, "label": cfg.label, "temperature": temp,
+            "concurrency": conc, "tok_s": tok_s, "tok_s_runs": [p.tok_s for p in passes],
+            "seconds_runs": [p.seconds for p in passes],
+            "completion_tokens": sum(p.tokens for p in passes), "repeats": len(passes),
+            "rounds": len(taus), "steps": sum(p.steps for p in passes), "mean_accept_length": tau,
+            "accept_length_histogram": hist,
+            "costs_ms": {"c1": 1e3 * c1, "draft": 1e3 * c_draft, "verify": 1e3 * c_verify},
+            "phase_ms_per_step": {k: 1e3 * median([p.per_step((k,)) for p in passes]) for k in phases},
+            "speedup_vs_ar": speedup, "bound": bound,
+            "bound_share": speedup / bound if speedup is not None and bound else None,
+            "speedup_vs_peers": {q["name"]: tok_s / q["tok_s"] for q in peers if q["tok_s"]},
+        })
+    return out
+
+
+# ---------------------------------------------------------------------------- reporting
+def _fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(report: dict) -> str:
+    """The terminal table: one row per cell, then the peers."""
+    head = ["temp", "conc", "config", "tok/s", "tau", "x ar", "x hf", "x hf-pld", "bound", "share"]
+    rows = []
+    for c in report["cells"]:
+        vp = c["speedup_vs_peers"]
+        rows.append([f"{c['temperature']:g}", str(c["concurrency"]), c["label"], _fmt(c["tok_s"], ".1f"),
+                     _fmt(c["mean_accept_length"]), _fmt(c["speedup_vs_ar"]), _fmt(vp.get("hf_generate")),
+                     _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]), _fmt(c["bound_share"])])
+    for q in report["peers"]:
+        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 6)
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "  ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def markdown(report: dict, pngs: list[Path]) -> str:
+    """A short summary: the setup, the table, the plots."""
+    m = report["meta"]
+    lines = [f"# flashtree bench — {m['timestamp']}", "",
+             f"Target `{m['model']}`, drafter `{m['draft']}` (block size {m['block_size']}), "
+             f"{m['num_prompts']} prompts from `{m['prompts']}`, {m['max_tokens']} new tokens each "
+             f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
+             f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run. "
+             "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights.",
+             "", "```", table(report), "```", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in pngs]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(report: dict, out: Path) -> list[Path]:
+    """speedup_vs_budget.png, tau_histogram.png, toks_vs_concurrency.png (matplotlib, Agg)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = report["cells"]
+    temps = sorted({c["temperature"] for c in cells})
+    conc0 = min(c["concurrency"] for c in cells)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, t in enumerate(temps):
+        col = colors[i % len(colors)]
+        tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t
+                       and c["concurrency"] == conc0), key=lambda c: c["budget"])
+        if tree:
+            xs = [c["budget"] for c in tree]
+            ax.plot(xs, [c["speedup_vs_ar"] for c in tree], "o-", color=col, label=f"ddtree T={t:g}")
+            ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.minorticks_off()
+        for c in cells:
+            if c["method"] == "dflash" and c["temperature"] == t and c["concurrency"] == conc0:
+                ax.axhline(c["speedup_vs_ar"], ls="--", color=col, alpha=0.7, label=f"dflash T={t:g}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="DDTree budget N (draft nodes per round)", ylabel="speedup vs ar (tok/s ratio)",
+           title=f"Speedup vs budget (concurrency {conc0})")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "speedup_vs_budget.png"))
+
+    spec = [c for c in cells if c["concurrency"] == conc0 and c["method"] != "ar"] or \
+           [c for c in cells if c["concurrency"] == conc0]
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        group = [c for c in spec if c["temperature"] == t]
+        width = 0.8 / max(len(group), 1)
+        for j, c in enumerate(group):
+            h = c["accept_length_histogram"]
+            total = max(sum(h), 1)
+            ax.bar([k + 1 + (j - (len(group) - 1) / 2) * width for k in range(len(h))],
+                   [v / total for v in h], width, label=f"{c['label']} (mean {c['mean_accept_length']:.2f})")
+        ax.set(xlabel="tau (tokens committed per round, bonus included)", ylabel="fraction of rounds",
+               title=f"Accept length, T={t:g}")
+        ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "tau_histogram.png"))
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        labels = list(dict.fromkeys(c["label"] for c in cells))
+        for lab in labels:
+            pts = sorted((c["concurrency"], c["tok_s"]) for c in cells if c["label"] == lab and c["temperature"] == t)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lab)
+        for q in report["peers"]:
+            if q["temperature"] == t:
+                ax.axhline(q["tok_s"], ls="--", lw=1, color="grey")
+                ax.annotate(f"{q['name']} (batch 1)", (min(c["concurrency"] for c in cells), q["tok_s"]),
+                            fontsize=7, color="grey", va="bottom")
+        ax.set(xlabel="concurrency (sequences per step)", ylabel="tok/s", title=f"Throughput, T={t:g}")
+        ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "toks_vs_concurrency.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,120 @@
+"""`flashtree bench`: methods x budgets x temperatures x concurrency on a prompt set, plus
+transformers peers on the same weights; prints a table, writes bench.json, report.md and PNGs.
+
+Argument handling only; measurement, the bound and the plots live in `benchmarking.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..engine.sequence import METHODS
+from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
+
+DEFAULT_BUDGETS = [4, 8, 16, 32]
+
+
+def _list(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"expected a comma-separated list of {kind.__name__}, got '{text}'") from None
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+    # --method/--budget/--temperature become the single-value forms of the lists below
+    p.set_defaults(method=None, temperature=None)
+    p.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field per line "
+                   "(default: the bundled held-out stdlib prompts)")
+    p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
+    p.add_argument("--methods", type=_list(str), default=None,
+                   help="comma list of ar,dflash,ddtree (default: all; ar is always run as the baseline)")
+    p.add_argument("--budgets", type=_list(int), default=None,
+                   help=f"comma list of DDTree budgets (default: --budget, else {','.join(map(str, DEFAULT_BUDGETS))})")
+    p.add_argument("--temperatures", type=_list(float), default=None,
+                   help="comma list (default: --temperature, else 0,1)")
+    p.add_argument("--concurrency", type=_list(int), default=[1],
+                   help="comma list of sequences decoded together (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per cell; tok/s is their median")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes per cell first")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time transformers generate and prompt-lookup generation (batch 1)")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the peer")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly --max-tokens per prompt, for every method and peer (default on)")
+    p.add_argument("--out", default="bench-results", help="output folder for bench.json, report.md, PNGs")
+
+
+def plan_from_args(args):
+    from ..benchmarking import BenchPlan
+    methods = args.methods or ([args.method] if args.method else list(METHODS))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
+    if args.model is not None and args.draft is None and set(methods) - {"ar"}:
+        raise ValueError("dflash/ddtree need a drafter: pass --draft DIR, or --methods ar")
+    budgets = args.budgets or ([args.budget] if args.budget is not None else DEFAULT_BUDGETS)
+    temps = args.temperatures or ([args.temperature] if args.temperature is not None else [0.0, 1.0])
+    return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
+                     repeats=args.repeats, warmup=args.warmup, peers=args.peers,
+                     lookup_tokens=args.prompt_lookup_tokens)
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from .. import benchmarking as bm
+    from ..train.corpus import PROMPTS_FILE, load_prompts
+    from . import env
+
+    plan = plan_from_args(args)
+    needed = ["matplotlib"] + (["transformers"] if plan.peers else [])
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:  # fail before measuring, not after
+        raise ValueError(f"bench needs {' and '.join(missing)} (pip install 'flashtree[dev]')"
+                         + ("; or run with --no-peers" if missing == ["transformers"] else ""))
+    args.temperature = plan.temperatures[0]
+    base = replace(sampling_params(args), ignore_eos=args.ignore_eos)  # validated before loading
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    prompts = load_prompts(args.prompts)[:args.num_prompts]
+    if not prompts:
+        raise ValueError(f"{args.prompts or PROMPTS_FILE}: no prompts")
+    args.method = "ar" if plan.methods == ["ar"] else "ddtree"
+    llm = load_llm(args, max_batch_size=max(plan.concurrency))
+    prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
+    peer = bm.HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype) if plan.peers else None
+
+    with tqdm(total=plan.passes(), desc="bench", unit="pass", file=sys.stderr) as bar:
+        results = bm.run_bench(llm, prompt_ids, base, plan, peer, progress=bar)
+    meta = {
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": shlex.join(["flashtree"] + sys.argv[1:]),
+        "model": str(llm.model_path), "draft": str(llm.draft_path) if llm.draft_path else None,
+        "block_size": llm.engine.default_block_size, "device": str(llm.engine.device),
+        "dtype": str(llm.engine.dtype).removeprefix("torch."), "prompts": str(args.prompts or PROMPTS_FILE),
+        "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
+        "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,
+        "top_p": base.top_p, "min_p": base.min_p, "repeats": plan.repeats, "warmup": plan.warmup,
+        "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,
+        "versions": env.versions(), "platform": env.platform_info(),
+    }
+    report = {"meta": meta, **results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    pngs = bm.write_plots(report, out)
+    (out / "report.md").write_text(bm.markdown(report, pngs))
+    print(bm.table(report))
+    print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, " + ", ".join(str(p) for p in pngs))
+    return 0

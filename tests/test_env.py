@@ -1,0 +1,79 @@
+"""`flashtree env`: the report's keys, the pair's config and why methods are unavailable."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from flashtree.cli import main
+from helpers import make_drafter
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return tiny_pair  # tests/conftest.py: random qwen3 target (V=96, 3 layers) + DFlash drafter (block 8)
+
+
+def env_json(capsys, *argv) -> dict:
+    assert main(["env", "--json", *map(str, argv)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_env_reports_installation_and_pair(pair, capsys):
+    target, draft = pair
+    r = env_json(capsys, "--model", target, "--draft", draft)
+    assert set(r) >= {"versions", "platform", "device", "compiled", "pair", "methods", "sampling"}
+    v = r["versions"]
+    assert v["python"] and v["torch"] and v["tokenizers"] and v["safetensors"] and "transformers" in v
+    assert r["device"]["selected"] in ("cpu", "cuda") and isinstance(r["device"]["cuda_available"], bool)
+    assert r["device"]["dtypes"]["float32"] == {"supported": True, "fast": True, "note": r["device"]["dtypes"]["float32"]["note"]}
+    assert set(r["device"]["dtypes"]) == {"float32", "bfloat16", "float16"}
+    assert r["compiled"]["torch_compile"] is False and r["compiled"]["cuda_graphs"] is False
+    assert all(m["available"] for m in r["methods"].values()) and set(r["methods"]) == {"ar", "dflash", "ddtree"}
+    assert r["sampling"]["top_p"]["available"] and r["sampling"]["greedy"]["available"]
+    t, d = r["pair"]["target"], r["pair"]["drafter"]
+    assert r["pair"]["bundled"] is False and t["error"] is None and d["error"] is None
+    assert (t["model_type"], t["vocab_size"], t["num_hidden_layers"], t["hidden_size"]) == ("qwen3", 96, 3, 64)
+    with safe_open(str(target / "model.safetensors"), framework="pt") as f:
+        assert t["params"] == sum(f.get_tensor(k).numel() for k in f.keys())
+    assert (d["block_size"], d["target_layer_ids"], d["num_hidden_layers"]) == (8, [0, 2], 1)
+    assert d["params"] > 0
+
+
+def test_env_without_drafter_says_why(pair, capsys):
+    target, _ = pair
+    r = env_json(capsys, "--model", target)
+    assert r["methods"]["ar"]["available"]
+    for m in ("dflash", "ddtree"):
+        assert not r["methods"][m]["available"] and "--draft" in r["methods"][m]["why"]
+    assert r["pair"]["drafter"] is None
+
+
+def test_env_mismatched_drafter_names_the_field(pair, capsys, tmp_path):
+    target, _ = pair
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    make_drafter(bad, target, target_layer_ids=(0, 7))
+    r = env_json(capsys, "--model", target, "--draft", bad)
+    assert r["methods"]["ar"]["available"] and not r["methods"]["ddtree"]["available"]
+    assert "target_layer_ids" in r["methods"]["ddtree"]["why"]
+
+
+def test_env_missing_model(capsys, tmp_path):
+    r = env_json(capsys, "--model", tmp_path / "nope")
+    assert not any(m["available"] for m in r["methods"].values())
+    assert "nope" in r["pair"]["target"]["error"] and "not found" in r["methods"]["ar"]["why"]
+
+
+def test_env_default_pair_and_text(pair, capsys):
+    r = env_json(capsys)  # the bundled pair, present or not: either way a report, exit 0
+    assert r["pair"]["bundled"] is True and r["pair"]["target"]["path"].endswith("bundled/target")
+    if r["pair"]["target"]["error"]:
+        assert "train-target" in r["methods"]["ar"]["why"]
+    target, draft = pair
+    assert main(["env", "--model", str(target), "--draft", str(draft)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("versions", "torch", "device", "compiled paths", "eager PyTorch", "methods",
+                   "ddtree             available", "block_size", "target_layer_ids   [0, 2]"):
+        assert needle in text, needle
