@@ -151,6 +151,8 @@ class HFPeer:
             with torch.inference_mode():
                 out = self.model.generate(x, **kw)
             tokens += out.shape[1] - len(ids)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return Pass(seconds=time.perf_counter() - t0, tokens=tokens)
 
 
