@@ -3,7 +3,6 @@ tiny random target/drafter pair, driven by the official `openai` client (and htt
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import socket
@@ -175,10 +174,14 @@ def test_sampling_n_and_seed(client):
 
 
 def test_stop_strings_and_stop_ids(client, ref):
-    prompt, full = PROMPTS[1], ref(PROMPTS[1], 30)
-    words = full.split(" ")
-    stop = words[3][1:] + " " + words[4][:2]          # spans two tokens, cut mid-word
-    expected = full[:full.find(stop)]
+    def late_stop(full):  # a stop string spanning two tokens (cut mid-word), first seen after token 3
+        words = full.split(" ")
+        for k in range(3, len(words) - 1):
+            stop, at = words[k][1:] + " " + words[k + 1][:2], len(" ".join(words[:k])) + 2
+            if full.find(stop) == at:
+                return stop, at
+    prompt, full, (stop, at) = next((p, ref(p, 30), late_stop(ref(p, 30))) for p in PROMPTS if late_stop(ref(p, 30)))
+    words, expected = full.split(" "), full[:at]
     for method in ("ar", "ddtree"):
         body = dict(model="tiny", prompt=prompt, temperature=0, max_tokens=30, stop=[stop, "never"],
                     extra_body={"speculative": {"method": method}})

@@ -91,7 +91,7 @@ class OpenAIServer:
                                     f"the prompt has {len(ids)} (at least one token must be generated)",
                                param=prompt_param, code="context_length_exceeded")
             wanted = req.requested_max_tokens
-            for i in range(req.n):
+            for i in range(req.choices):
                 sub.params.append(req.sampling_params(i, room if wanted is None else wanted))
                 sub.prompts.append(ids)
             if wanted is not None and wanted > room:
@@ -105,6 +105,8 @@ class OpenAIServer:
         return sub
 
     async def submit(self, sub: Submission) -> Channel:
+        if not self.engine.alive:
+            raise APIError(503, "the engine loop is not running", code="engine_dead")
         try:
             return await self.engine.submit(sub)
         except QueueFullError as e:

@@ -84,17 +84,17 @@ class _Sampling(_Strict):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int | None = Field(None, ge=1, le=MAX_N)   # None: 1
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     # extensions
     top_k: int | None = None       # -1 or 0: off
     min_p: float | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     speculative: Speculative | None = None
     # OpenAI parameters accepted only with their no-op value (see _NO_OP)
@@ -108,6 +108,10 @@ class _Sampling(_Strict):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     def unsupported(self) -> str | None:
         """The first parameter set to a value flashtree cannot honour, or None."""
@@ -125,7 +129,7 @@ class _Sampling(_Strict):
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=0 if self.top_k in (None, -1) else self.top_k,
                 min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=seed, stop=self.stop or None,
-                stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+                stop_token_ids=self.stop_token_ids, ignore_eos=bool(self.ignore_eos))
         except ValueError as e:
             m = re.match(r"SamplingParams\.(\w+)", str(e))
             param = m.group(1) if m else None
