@@ -296,6 +296,8 @@ class Engine:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""
+        if all(s.generator is None for s in seqs) and self.node_probs is logits_to_probs:
+            return logits.argmax(-1)  # all greedy: the pipeline is the argmax
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
         def per_row(values, dtype):

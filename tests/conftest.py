@@ -1,0 +1,22 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tiny models run as fast on one thread, and a shared 2-core machine stays responsive.
+torch.set_num_threads(1)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import make_drafter, make_hf_target, write_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """A random qwen3 target (V=96) with a tokenizer and a random DFlash drafter (block 8)."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    target = make_hf_target(root / "target", "qwen3")
+    write_tokenizer(target, 96)
+    drafter = make_drafter(root / "drafter", target, block_size=8)
+    return target, drafter

@@ -1,0 +1,144 @@
+"""Target models vs transformers on the same weights; tree masks; KV compaction."""
+import pytest
+import torch
+
+from flashtree.config import ModelConfig
+from flashtree.kv_cache import KVCache
+from flashtree.models.loader import load_target
+from flashtree.models.target import ForwardBatch
+from flashtree.engine.round import pack_trees
+from flashtree.spec.tree import DraftTree
+
+from helpers import make_hf_target
+
+CASES = {
+    "qwen3": dict(model_type="qwen3", tie_word_embeddings=True),
+    "llama": dict(model_type="llama", num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                  rope_theta=500000.0),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=False),
+}
+
+
+def new_cache(model, slots=2, cap=128, dtype=torch.float32):
+    c = model.config
+    return KVCache(c.num_hidden_layers, slots, cap, c.num_key_value_heads, c.head_dim, dtype, "cpu")
+
+
+def run(model, cache, slot, ids, start, vis=None):
+    """Forward `ids` at positions start.. into `slot` (causal unless vis [T, T] given)."""
+    T = len(ids)
+    vis = torch.ones(T, T, dtype=torch.bool).tril() if vis is None else vis
+    depth = vis.sum(-1) - 1
+    S = start + T
+    mask = torch.zeros(1, 1, T, S, dtype=torch.bool)
+    mask[..., :start] = True
+    mask[0, 0, :, start:] = vis
+    fb = ForwardBatch(slots=torch.tensor([slot]), rows=torch.arange(start, S)[None], mask=mask, cache=cache)
+    h, _ = model(torch.tensor([ids]), (start + depth)[None], fb)
+    return model.logits(h)[0]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    import transformers
+    kw = dict(CASES[request.param])
+    mt = kw.pop("model_type")
+    d = make_hf_target(tmp_path_factory.mktemp(mt), mt, **kw)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    return load_target(d, dtype="float32", device="cpu"), hf, d
+
+
+def test_config_fields(pair):
+    ours, hf, d = pair
+    cfg = ModelConfig.from_dir(d)
+    assert cfg.tie_word_embeddings == hf.config.tie_word_embeddings
+    if cfg.model_type == "llama":
+        assert cfg.rope_scaling["rope_type"] == "llama3"
+
+
+def test_prefill_and_decode_logits_match_transformers(pair):
+    ours, hf, _ = pair
+    torch.manual_seed(0)
+    ids = torch.randint(0, 96, (1, 40))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    cache = new_cache(ours)
+    with torch.no_grad():
+        pre = run(ours, cache, 1, ids[0, :24].tolist(), 0)
+        assert (pre - ref[:24]).abs().max() < 1e-4
+        for t in range(24, 40):  # step-by-step decode through the cache
+            step = run(ours, cache, 1, [ids[0, t].item()], t)
+            assert (step[0] - ref[t]).abs().max() < 1e-4, t
+
+
+def test_tree_mask_gives_each_node_its_path_logits_and_compaction_continues_exactly(pair):
+    ours, _, _ = pair
+    torch.manual_seed(1)
+    prompt = torch.randint(0, 96, (12,)).tolist()
+    # root 0; children 1,2 of root; 3 child of 1; 4 child of 3; 5 child of 2
+    tree = DraftTree(tokens=[5, 7, 9, 11, 13, 15], parents=[-1, 0, 0, 1, 3, 2],
+                     depths=[0, 1, 1, 2, 3, 2], logprobs=[0.0] * 6)
+    vis = torch.from_numpy(tree.visibility())
+    with torch.no_grad():
+        cache = new_cache(ours)
+        run(ours, cache, 0, prompt, 0)
+        tree_logits = run(ours, cache, 0, tree.tokens, len(prompt), vis)
+        for i in range(tree.size):
+            path, j = [], i
+            while j >= 0:
+                path.insert(0, tree.tokens[j])
+                j = tree.parents[j]
+            ref_cache = new_cache(ours)
+            ref = run(ours, ref_cache, 0, prompt + path, 0)[-1]
+            assert (tree_logits[i] - ref).abs().max() < 1e-5, i
+        # accept path root -> 1 -> 3 -> 4 (rows 12, 13, 15, 16) and compact to rows 12..15
+        start, accepted = len(prompt), [0, 1, 3, 4]
+        cache.compact([0] * 4, [start + a for a in accepted], [start + j for j in range(4)])
+        path_tokens = [tree.tokens[a] for a in accepted]
+        cont = [21, 22, 23]
+        got = run(ours, cache, 0, cont, start + 4)
+        ref_cache = new_cache(ours)
+        ref = run(ours, ref_cache, 0, prompt + path_tokens + cont, 0)[-3:]
+        assert (got - ref).abs().max() < 1e-5
+
+
+def test_batched_trees_with_padding_match_single_sequences(pair):
+    """pack_trees: two sequences with different prompt lengths and tree sizes in one forward."""
+    ours, _, _ = pair
+    torch.manual_seed(2)
+    prompts = [torch.randint(0, 96, (n,)).tolist() for n in (5, 17)]
+    trees = [DraftTree([3, 4, 5], [-1, 0, 0], [0, 1, 1], [0.0] * 3),
+             DraftTree([6, 7, 8, 9, 10], [-1, 0, 1, 2, 1], [0, 1, 2, 3, 2], [0.0] * 5)]
+    with torch.no_grad():
+        cache = new_cache(ours)
+        for s, p in enumerate(prompts):
+            run(ours, cache, s, p, 0)
+        vin = pack_trees(trees, [len(p) for p in prompts], "cpu")
+        fb = ForwardBatch(torch.tensor([0, 1]), vin.rows, vin.mask, cache)
+        h, _ = ours(vin.tokens, vin.positions, fb)
+        logits = ours.logits(h)
+        for s, (p, t) in enumerate(zip(prompts, trees)):
+            single_cache = new_cache(ours)
+            run(ours, single_cache, 0, p, 0)
+            ref = run(ours, single_cache, 0, t.tokens, len(p), torch.from_numpy(t.visibility()))
+            assert (logits[s, :t.size] - ref).abs().max() < 1e-5
+
+
+def test_sharded_checkpoint_and_half_precision(tmp_path):
+    import transformers
+    d = make_hf_target(tmp_path / "src", "qwen3")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    a = load_target(d, dtype="float32", device="cpu")
+    b = load_target(tmp_path / "sharded", dtype="float32", device="cpu")
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), n
+    for dt in ("bfloat16", "float16"):
+        m = load_target(d, dtype=dt, device="cpu")
+        assert next(m.parameters()).dtype == getattr(torch, dt)
+        ids = torch.randint(0, 96, (1, 8))
+        h, _ = m(ids, torch.arange(8)[None])
+        assert torch.isfinite(m.logits(h).float()).all()

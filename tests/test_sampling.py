@@ -1,0 +1,87 @@
+"""The sampling pipeline against a float64 reference; seeding; greedy; the exponential race."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from flashtree.sampling import logits_to_probs, sample
+from flashtree.sampling_params import SamplingParams
+
+
+def reference(logits: np.ndarray, T: float, k: int, p: float, m: float) -> np.ndarray:
+    """Straightforward float64 implementation of the documented rule, one row."""
+    x = logits.astype(np.float64)
+    if T == 0:
+        out = np.zeros_like(x)
+        out[np.argmax(x)] = 1.0
+        return out
+    probs = np.exp((x - x.max()) / T)
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    keep = np.zeros(len(x), dtype=bool)
+    keep[order[: (k if k > 0 else len(x))]] = True
+    probs = np.where(keep, probs, 0.0)
+    probs /= probs.sum()
+    if p < 1:
+        mass = 0.0
+        for i in order:
+            if not keep[i]:
+                continue
+            if mass >= p:
+                keep[i] = False
+            mass += probs[i]
+        probs = np.where(keep, probs, 0.0)
+    probs = np.where(probs >= m * probs.max(), probs, 0.0)
+    return probs / probs.sum()
+
+
+SETTINGS = list(itertools.product([0.0, 0.5, 1.0, 1.7], [0, 1, 5], [1.0, 0.9, 0.3], [0.0, 0.05, 0.3]))
+
+
+def test_pipeline_matches_float64_reference_for_every_filter_combination():
+    torch.manual_seed(0)
+    logits = torch.randn(len(SETTINGS), 50) * 3
+    T, K, P, M = (torch.tensor(c) for c in zip(*SETTINGS))
+    got = logits_to_probs(logits, T.float(), K.long(), P.float(), M.float()).double().numpy()
+    for r, (t, k, p, m) in enumerate(SETTINGS):
+        ref = reference(logits[r].numpy(), t, k, p, m)
+        assert np.abs(got[r] - ref).max() < 1e-5, (t, k, p, m)
+        assert abs(got[r].sum() - 1) < 1e-5
+
+
+def test_greedy_rows_are_argmax_whatever_the_filters():
+    logits = torch.randn(4, 30)
+    probs = logits_to_probs(logits, torch.zeros(4), torch.tensor([0, 3, 0, 1]),
+                            torch.tensor([1.0, 0.2, 0.5, 1.0]), torch.tensor([0.0, 0.5, 0.1, 0.9]))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1))
+    assert torch.equal(probs.max(-1).values, torch.ones(4))
+    assert torch.equal(sample(probs, [(0, 4)], [None]), logits.argmax(-1))
+
+
+def test_seeded_sampling_reproduces_and_different_seeds_differ():
+    probs = torch.full((64, 10), 0.1)
+    draw = lambda seed: sample(probs, [(0, 64)], [torch.Generator().manual_seed(seed)])
+    assert torch.equal(draw(7), draw(7))
+    assert not torch.equal(draw(7), draw(8))
+
+
+def test_exponential_race_draws_from_probs():
+    from scipy.stats import chisquare
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 40000
+    draws = sample(p.expand(n, -1).clone(), [(0, n)], [torch.Generator().manual_seed(0)])
+    counts = torch.bincount(draws, minlength=5).numpy()
+    assert counts[4] == 0
+    assert chisquare(counts[:4], p[:4].numpy() * n).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-1), "top_k"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+    (dict(max_tokens=0), "max_tokens"), (dict(seed="x"), "seed"), (dict(stop=[""]), "stop"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"), (dict(temperature="hot"), "temperature"),
+])
+def test_invalid_sampling_params_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kw)

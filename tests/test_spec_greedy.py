@@ -1,0 +1,99 @@
+"""Greedy speculative decoding (DFlash chains, DDTree trees) equals plain greedy decoding."""
+import random
+
+import pytest
+import torch
+
+from flashtree import SamplingParams
+from flashtree.engine.engine import Engine, EngineConfig
+from flashtree.models.loader import load_drafter, load_target
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
+    return target, load_drafter(tiny_pair[1], target)
+
+
+def prompts(n=30, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(0, 95) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+def run(models, method, budget=None, batch=1, ps=None, max_tokens=24):
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch, max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    seqs = [eng.add_request(p, params) for p in ps]
+    while eng.has_work():
+        eng.step()
+    assert eng.cache.free_slots == batch  # every slot returned
+    return [s.output_ids for s in seqs], [s.metrics for s in seqs]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_dflash_and_ddtree_equal_ar(models, batch):
+    ps = prompts()
+    ref, _ = run(models, "ar", batch=1, ps=ps)
+    assert all(len(r) == 24 for r in ref)
+    for method, budget in [("dflash", None), ("ddtree", 1), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64)]:
+        out, metrics = run(models, method, budget, batch=batch, ps=ps)
+        assert out == ref, (method, budget, batch)
+        taus = [t for m in metrics for t in m.accept_lengths]
+        assert sum(taus) == sum(len(o) for o in out) - len(out)  # the first token comes from prefill
+        if budget == 64:
+            assert max(taus) > 1, "a 64-node tree over a 96-token vocab should accept something"
+
+
+def test_mixed_methods_in_one_batch_equal_ar(models):
+    target, drafter = models
+    ps = prompts(12, seed=3)
+    ref, _ = run(models, "ar", ps=ps)
+    eng = Engine(target, drafter, EngineConfig(method="ar", max_batch_size=4, max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cfgs = [("ar", None, None), ("dflash", None, 5), ("ddtree", 8, None), ("ddtree", 32, 6)]
+    seqs = [eng.add_request(p, params, *cfgs[i % 4]) for i, p in enumerate(ps)]
+    while eng.has_work():
+        eng.step()
+    assert [s.output_ids for s in seqs] == ref
+    assert eng.stats["seqs_in_forwards"] > eng.stats["forwards"]  # rounds really were batched
+
+
+def test_greedy_and_seeded_runs_repeat_exactly(models):
+    ps = prompts(6, seed=5)
+    a, _ = run(models, "ddtree", 16, batch=3, ps=ps)
+    b, _ = run(models, "ddtree", 16, batch=3, ps=ps)
+    assert a == b
+    target, drafter = models
+
+    def sampled(seed):
+        eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=16, max_batch_size=3, max_model_len=128))
+        seqs = [eng.add_request(p, SamplingParams(temperature=1.0, seed=seed + i, max_tokens=20, ignore_eos=True))
+                for i, p in enumerate(ps)]
+        while eng.has_work():
+            eng.step()
+        return [s.output_ids for s in seqs]
+
+    assert sampled(11) == sampled(11)
+    assert sampled(11) != sampled(12)
+
+
+def test_stops_apply_to_committed_tokens(models):
+    ps = prompts(8, seed=9)
+    ref, _ = run(models, "ar", ps=ps, max_tokens=30)
+    target, drafter = models
+    for method in ("ar", "dflash", "ddtree"):
+        eng = Engine(target, drafter, EngineConfig(method=method, budget=32, max_batch_size=4, max_model_len=128))
+        seqs = []
+        for p, r in zip(ps, ref):
+            stop_tok = r[10]  # stop at the first occurrence of the 11th reference token
+            seqs.append((eng.add_request(p, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_tok])),
+                         r[: r.index(stop_tok) + 1]))
+        capped = [(eng.add_request(p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)), r[:7])
+                  for p, r in zip(ps, ref)]
+        while eng.has_work():
+            eng.step()
+        for s, want in seqs:
+            assert s.output_ids == want and s.finish_reason == "stop"
+        for s, want in capped:
+            assert s.output_ids == want and s.finish_reason == "length"

@@ -1,0 +1,88 @@
+"""Property tests of the DDTree builder and the verify walk."""
+import itertools
+
+import numpy as np
+import torch
+from hypothesis import given, settings, strategies as st
+
+from flashtree.spec.tree import build_ddtree, chain_tree
+from flashtree.spec.verify import verify_tree
+
+
+def topk(rows: np.ndarray, K: int):
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :K]
+    return np.take_along_axis(rows, order, 1), order
+
+
+@st.composite
+def drafts(draw):
+    L = draw(st.integers(1, 4))
+    V = draw(st.integers(2, 5))
+    # distinct log-probs per depth (ties are handled but make "the top-N set" ambiguous)
+    vals = draw(st.lists(st.integers(-40, 0), min_size=L * V, max_size=L * V, unique=True))
+    lp = np.array(vals, dtype=np.float64).reshape(L, V) / 7.0
+    budget = draw(st.integers(1, 30))
+    return lp, budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(drafts())
+def test_tree_is_the_top_budget_prefixes(case):
+    lp, budget = case
+    L, V = lp.shape
+    K = min(budget, V)
+    top_lp, top_ids = topk(lp, K)
+    tree = build_ddtree(99, top_lp, top_ids, budget)
+    possible = sum(K ** d for d in range(1, L + 1))
+    assert tree.size - 1 == min(budget, possible)
+    assert tree.tokens[0] == 99 and tree.parents[0] == -1
+    for i in range(1, tree.size):
+        p = tree.parents[i]
+        assert 0 <= p < i and tree.depths[i] == tree.depths[p] + 1
+    # siblings distinct, in descending draft probability
+    for p in range(tree.size):
+        kids = [i for i in range(tree.size) if tree.parents[i] == p]
+        toks = [tree.tokens[i] for i in kids]
+        assert len(set(toks)) == len(toks)
+        probs = [tree.logprobs[i] for i in kids]
+        assert probs == sorted(probs, reverse=True)
+
+    # brute force: all prefixes over the top-K tokens, scored by summed log-probs
+    def path(i):
+        out = []
+        while i > 0:
+            out.insert(0, tree.tokens[i])
+            i = tree.parents[i]
+        return tuple(out)
+
+    scores = {}
+    for d in range(1, L + 1):
+        for ranks in itertools.product(range(K), repeat=d):
+            scores[tuple(int(top_ids[j, r]) for j, r in enumerate(ranks))] = sum(top_lp[j, r] for j, r in enumerate(ranks))
+    best = sorted(scores.values(), reverse=True)[: tree.size - 1]
+    got = sorted((scores[path(i)] for i in range(1, tree.size)), reverse=True)
+    assert np.allclose(got, best)
+
+
+def test_ties_break_to_the_lexicographically_smaller_rank_tuple():
+    lp = np.zeros((3, 3))
+    ids = np.arange(3)[None].repeat(3, 0)
+    t1 = build_ddtree(0, lp, ids, 5)
+    t2 = build_ddtree(0, lp, ids, 5)
+    assert (t1.tokens, t1.parents) == (t2.tokens, t2.parents)
+    # with all scores equal, a prefix beats its extension, then rank order: (0), (0,0), (0,0,0), (0,0,1), (0,0,2)
+    assert t1.depths == [0, 1, 2, 3, 3, 3]
+
+
+def test_verify_walk_follows_matching_children_and_stops_at_first_miss():
+    # tree: 0 -> 1 (tok 5), 0 -> 2 (tok 6), 1 -> 3 (tok 7), 3 -> 4 (tok 8)
+    tokens = torch.tensor([[4, 5, 6, 7, 8]])
+    parents = torch.tensor([[0, 0, 0, 1, 3]])
+    depths = torch.tensor([[0, 1, 1, 2, 3]])
+    valid = torch.ones(1, 5, dtype=torch.bool)
+    draws = torch.tensor([[5, 7, 0, 9, 0]])   # root drew 5 -> node 1; node 1 drew 7 -> node 3; node 3 drew 9: miss
+    out = verify_tree(tokens, parents, depths, valid, draws, 3)
+    assert out.accepted[0].tolist() == [True, True, False, True, False]
+    assert out.last.item() == 3 and out.bonus.item() == 9
+    chain = chain_tree(4, [5, 7, 8])
+    assert chain.parents == [-1, 0, 1, 2] and chain.depths == [0, 1, 2, 3]
