@@ -3,6 +3,7 @@ tiny random target/drafter pair, driven by the official `openai` client (and htt
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import socket
@@ -197,6 +198,13 @@ def test_stop_strings_and_stop_ids(client, ref):
     assert r.choices[0].text == " ".join(words[:words.index(words[5])])
 
 
+def test_one_log_line_per_finished_request(client, caplog):
+    caplog.set_level(logging.INFO, logger="flashtree.server")
+    client.completions.create(model="tiny", prompt=[[3, 4, 5]], max_tokens=5, temperature=0, n=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "flashtree.server" and "finished" in r.getMessage()]
+    assert len(lines) == 2 and all("tok/s" in m and "mean accept length" in m for m in lines), lines
+
+
 def test_text_delta_holds_back_broken_utf8_and_stop_prefixes():
     raw = "é€x".encode()
     d, out = TextDelta(None), ""
@@ -246,7 +254,13 @@ def test_sixteen_concurrent_streams(server, client, ref):
     carried = metric(server.base, "flashtree_spec_request_rounds_total") - carried0
     assert rounds > 0 and carried / rounds > 2, (carried, rounds)  # rounds really carried several requests
     assert wait_for(lambda: metric(server.base, "flashtree_kv_slots_used") == 0)
-    assert metric(server.base, "flashtree_spec_accepted_tokens_total", {"method": "ddtree"}) > 0
+    for method in methods:  # per-method acceptance metrics are consistent: accepted = sum(tau - 1)
+        label = {"method": method}
+        n = metric(server.base, "flashtree_spec_accept_length_count", label)
+        assert n > 0 and n == metric(server.base, "flashtree_spec_request_rounds_total", label)
+        accepted = metric(server.base, "flashtree_spec_accepted_tokens_total", label)
+        assert accepted == metric(server.base, "flashtree_spec_accept_length_sum", label) - n
+        assert accepted == metric(server.base, "flashtree_spec_accepted_by_position_total", label)
 
 
 # ------------------------------------------------------------------------------------ errors

@@ -134,7 +134,11 @@ class AsyncEngine:
         sub.channel = Channel(asyncio.get_running_loop())
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(("add", sub, fut))
-        await asyncio.wrap_future(fut)
+        try:
+            await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:  # the loop may have added it already: take it out again
+            self.abort(sub.channel)
+            raise
         return sub.channel
 
     def abort(self, channel: Channel) -> None:
@@ -230,14 +234,14 @@ class AsyncEngine:
         m = seq.metrics
         if not m.elapsed_s:
             m.elapsed_s = time.perf_counter() - seq.t_start
-        text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
-        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size))
         self.metrics.requests.labels(reason).inc()
         self.metrics.e2e.observe(time.perf_counter() - live.channel.t_arrival)
         log.info("request %d finished (%s, %s): %d prompt + %d completion tokens in %.3fs, %.1f tok/s, "
                  "mean accept length %.2f over %d rounds", seq.req_id, seq.method, reason, m.prompt_tokens,
                  m.completion_tokens, m.elapsed_s, m.completion_tokens / max(m.elapsed_s, 1e-9),
                  m.mean_accept_length, m.rounds)
+        text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
+        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size))
 
     def _abort_all(self, reason: str) -> None:
         for seq in list(self._live):
