@@ -32,12 +32,13 @@ class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  method: str = "ddtree", budget: int | None = None, block_size: int | None = None,
                  device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, max_queue: int = 1024):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
         config = EngineConfig(method=method, budget=budget, block_size=block_size,
-                              max_batch_size=max_batch_size, max_model_len=max_model_len)
+                              max_batch_size=max_batch_size, max_model_len=max_model_len,
+                              max_queue=max_queue)
         if method != "ar" and draft is None:
             raise ValueError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None

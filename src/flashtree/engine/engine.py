@@ -349,8 +349,8 @@ class Engine:
             if tok in s.stop_ids:
                 s.finish_reason = "stop"
                 break
-            if len(s.output_ids) >= p.max_tokens:
-                s.finish_reason = "length"
+            if len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= self.max_model_len:
+                s.finish_reason = "length"  # max_tokens, or the context is full
                 break
         if p.stop:
             text = self.decode(s.output_ids)

@@ -354,8 +354,8 @@ def run(args) -> int:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    llm = load_llm(args, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len)
-    llm.engine.config.max_queue = args.max_queue
+    llm = load_llm(args, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
+                   max_queue=args.max_queue)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "flashtree")
     app = create_app(llm, model_name=name, api_key=args.api_key or None)
     log.info("serving '%s' (%s) on http://%s:%d", name, args.method, args.host, args.port)
