@@ -37,12 +37,15 @@ class EngineConfig:
     max_batch_size: int = 8
     max_model_len: int | None = None  # None = the target's max_position_embeddings
     max_queue: int = 1024
+    max_budget: int = 256            # the largest per-request ddtree budget (sizes the cache slack)
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not 1 <= self.max_budget <= MAX_BUDGET:
+            raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
 
 
 @dataclass(slots=True)
@@ -79,8 +82,9 @@ class Engine:
         self.default_budget = config.budget if config.budget is not None else self.default_block_size - 1
         if config.method != "ar":
             self._check_method(config.method)
+        if config.method == "ddtree" or config.budget is not None:
             self._check_budget(self.default_budget)
-        slack = max(MAX_BUDGET, self.drafter_block_size) + 1
+        slack = max(config.max_budget, self.drafter_block_size) + 1  # room for one round's tree
         self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
                              tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
         self.draft_cache = None
@@ -114,8 +118,9 @@ class Engine:
         return block_size
 
     def _check_budget(self, budget: int) -> int:
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
-            raise ValueError(f"budget must be an integer in [1, {MAX_BUDGET}], got {budget}")
+        hi = self.config.max_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= hi:
+            raise ValueError(f"budget must be an integer in [1, {hi}], got {budget}")
         return budget
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
