@@ -1,0 +1,72 @@
+"""The Python API: greedy ar equals transformers' generate; chat template; stops; the CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashtree import LLM, SamplingParams
+from flashtree.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pair):
+    return LLM(model=tiny_pair[0], draft=tiny_pair[1], method="ar", dtype="float32", device="cpu", max_batch_size=4)
+
+
+def test_greedy_ar_equals_transformers_generate(llm, tiny_pair):
+    import transformers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    prompts = [[5, 9, 2], [17, 3, 44, 8, 1, 90, 12], [60]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(p):].tolist()
+        assert o.token_ids == ref
+        assert o.finish_reason == "length" and o.metrics.completion_tokens == 20
+        assert o.metrics.rounds == 19 and o.metrics.mean_accept_length == 1.0
+
+
+def test_text_prompts_chat_template_and_stop_strings(llm):
+    tok = llm.tokenizer
+    assert tok.apply_chat_template([{"role": "user", "content": "t5 t6"}]) == "t5 t6 "
+    full = llm.generate("t5 t6", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    words = full.text.split()
+    stop = words[4]
+    cut = llm.generate("t5 t6", SamplingParams(temperature=0, max_tokens=12, stop=[stop], ignore_eos=True))[0]
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert full.text.startswith(cut.text)
+    chat = llm.chat([{"role": "user", "content": "t5 t6"}], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert chat.token_ids == full.token_ids
+    with pytest.raises(ValueError, match="messages"):
+        llm.chat([[]])
+
+
+def test_eos_ids_from_config_and_generation_config(tiny_pair, tmp_path):
+    import shutil
+    d = tmp_path / "t"
+    shutil.copytree(tiny_pair[0], d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert Tokenizer(d).eos_token_ids == [7, 9]
+
+
+def test_per_prompt_params_and_streaming(llm):
+    ps = [SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)]
+    a, b = llm.generate([[3, 4], [3, 4]], ps)
+    assert len(a.token_ids) == 5 and b.token_ids[:5] == a.token_ids
+    streamed = "".join(llm.stream([3, 4], ps[1]))
+    assert streamed == b.text
+
+
+def test_cli_generate_json(tiny_pair):
+    r = subprocess.run([sys.executable, "-m", "flashtree.cli", "generate", "t1 t2", "--model", str(tiny_pair[0]),
+                        "--draft", str(tiny_pair[1]), "--method", "ddtree", "--budget", "8", "--max-tokens", "10",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["token_ids"]) == 10 and out["finish_reason"] == "length"
+    assert out["metrics"]["rounds"] == len(out["metrics"]["accept_lengths"])
+    r = subprocess.run([sys.executable, "-m", "flashtree.cli", "generate", "t1 t2", "--model", str(tiny_pair[0]),
+                        "--method", "ar", "--max-tokens", "6"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("t1 t2") and "tok/s" in r.stderr
