@@ -46,8 +46,8 @@ class KVCache:
         self.k[layer][slots[:, None], rows] = k
         self.v[layer][slots[:, None], rows] = v
 
-    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of rows 0..length-1 for each slot: [B, length, Hkv, D]."""
+    def read(self, layer: int, slots: torch.Tensor | slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of rows 0..length-1 for each slot: [B, length, Hkv, D] (a view when slots is a slice)."""
         return self.k[layer][slots, :length], self.v[layer][slots, :length]
 
     def compact(self, slots: list[int], src_rows: list[int], dst_rows: list[int]) -> None:

@@ -224,8 +224,7 @@ class Engine:
         pos = torch.arange(T, device=self.device).expand(B, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
         mask = causal[None, None] & context_mask(length, T, T)          # [B, 1, T, T]
-        slots = torch.tensor([s.slot for s in seqs], device=self.device)
-        fb = ForwardBatch(slots=slots, rows=pos, mask=mask, cache=self.cache)
+        fb = ForwardBatch.for_slots([s.slot for s in seqs], pos, mask, self.cache)
         hidden, feats = self.target(ids, pos, fb, self.feature_layers)
         last = hidden[torch.arange(B, device=self.device), length - 1]   # [B, H]
         first = self._sample(seqs, self.target.logits(last), [(b, b + 1) for b in range(B)])
@@ -265,8 +264,7 @@ class Engine:
         S = int(max(s.length for s in spec)) + K
         cols = torch.arange(S, device=dev)
         mask = (cols[None, :] < visible[:, None])[:, None, None, :].expand(B, 1, K, S)  # non-causal block
-        slots = torch.tensor([s.slot for s in spec], device=dev)
-        fb = ForwardBatch(slots=slots, rows=block_pos, mask=mask, cache=self.draft_cache)
+        fb = ForwardBatch.for_slots([s.slot for s in spec], block_pos, mask, self.draft_cache)
         hidden = self.drafter(self.target.model.embed_tokens(block), block_pos, ctx if C else None,
                               ctx_pos, fb, ctx_rows)
         logprobs = self.target.logits(hidden[:, 1:]).float().log_softmax(-1)     # [B, K-1, V]
@@ -292,8 +290,7 @@ class Engine:
         return build_ddtree(s.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], s.budget)
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput):
-        slots = torch.tensor([s.slot for s in batch], device=self.device)
-        fb = ForwardBatch(slots=slots, rows=vin.rows, mask=vin.mask, cache=self.cache)
+        fb = ForwardBatch.for_slots([s.slot for s in batch], vin.rows, vin.mask, self.cache)
         hidden, feats = self.target(vin.tokens, vin.positions, fb, self.feature_layers)
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)

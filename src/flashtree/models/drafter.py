@@ -35,7 +35,7 @@ class DrafterLayer(nn.Module):
             if ctx is not None:  # context first: padded context rows may point at block rows
                 fb.cache.write(layer, fb.slots, ctx_rows, kc, vc)
             fb.cache.write(layer, fb.slots, fb.rows, k, v)
-            k, v = fb.cache.read(layer, fb.slots, fb.mask.shape[-1])
+            k, v = fb.cache.read(layer, fb.span or fb.slots, fb.mask.shape[-1])
             mask = fb.mask
         elif ctx is not None:
             k, v = torch.cat([kc, k], dim=1), torch.cat([vc, v], dim=1)

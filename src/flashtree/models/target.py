@@ -24,6 +24,13 @@ class ForwardBatch:
     rows: torch.Tensor        # [B, T] cache row each new token writes
     mask: torch.Tensor        # [B, 1, T, S] bool: token t may attend to cache row s
     cache: KVCache
+    span: slice | None = None  # slots as a slice when they are consecutive: reads become views
+
+    @classmethod
+    def for_slots(cls, slots: list[int], rows, mask, cache: KVCache) -> "ForwardBatch":
+        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+        return cls(torch.tensor(slots, device=rows.device), rows, mask, cache,
+                   slice(slots[0], slots[0] + len(slots)) if consecutive else None)
 
 
 class DecoderLayer(nn.Module):
@@ -40,7 +47,7 @@ class DecoderLayer(nn.Module):
         k, v = self.self_attn.project_kv(h, cos, sin)
         if fb is not None:
             fb.cache.write(layer, fb.slots, fb.rows, k, v)
-            k, v = fb.cache.read(layer, fb.slots, fb.mask.shape[-1])
+            k, v = fb.cache.read(layer, fb.span or fb.slots, fb.mask.shape[-1])
             mask = fb.mask
         x = x + self.self_attn.attend(q, k, v, mask, causal=True)
         return x + self.mlp(self.post_attention_layernorm(x))
