@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo serve test test-slow bench clean
+.PHONY: setup demo serve test test-slow bench clean chromium
 
 $(BIN)/flashtree: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,13 +14,19 @@ $(BIN)/flashtree: pyproject.toml
 setup: $(BIN)/flashtree
 
 demo: setup
-	$(BIN)/flashtree generate "def fibonacci(n):\n" --method ddtree --max-tokens 96
-	$(BIN)/flashtree generate "def fibonacci(n):\n" --method ar --max-tokens 96
+	$(BIN)/flashtree generate "def fibonacci(n):" --method ddtree --max-tokens 96
+	$(BIN)/flashtree generate "def fibonacci(n):" --method dflash --max-tokens 96
+	$(BIN)/flashtree generate "def fibonacci(n):" --method ar --max-tokens 96
 
 serve: setup
 	$(BIN)/flashtree serve
 
-test: setup
+chromium:
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
+	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
+	  echo "chromium could not be installed: the trace rendering test will skip (or fail under FLASHTREE_REQUIRE_CHROMIUM=1)"
+
+test: setup chromium
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
