@@ -40,19 +40,29 @@ def load_llm(args, **kw):
                block_size=args.block_size, device=args.device, dtype=args.dtype, **kw)
 
 
-def add_arguments(p) -> None:
+def add_prompt_arguments(p) -> None:
     p.add_argument("prompt", help="prompt text (use --chat to wrap it as a user message)")
+    p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
+
+
+def resolve_prompt(llm, args) -> str:
+    if args.chat:
+        return llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    return args.prompt
+
+
+def add_arguments(p) -> None:
+    add_prompt_arguments(p)
     add_model_arguments(p)
     add_sampling_arguments(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     p.add_argument("--json", action="store_true", help="print one JSON object {text, token_ids, finish_reason, metrics}")
 
 
 def run(args) -> int:
     params = sampling_params(args)  # validate before loading anything
     llm = load_llm(args)
-    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    prompt = resolve_prompt(llm, args)
     if args.json:
         o = llm.generate([prompt], params)[0]
         print(json.dumps({"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,

@@ -8,14 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
+from .generate import (add_model_arguments, add_prompt_arguments, add_sampling_arguments, load_llm,
+                       resolve_prompt, sampling_params)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("prompt", help="prompt text (use --chat to wrap it as a user message)")
+    add_prompt_arguments(p)
     add_model_arguments(p)
     add_sampling_arguments(p)
-    p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     p.add_argument("--out", default="trace.html", help="HTML file to write (default trace.html)")
 
 
@@ -24,7 +24,7 @@ def run(args) -> int:
 
     params = sampling_params(args)  # validate before loading anything
     llm = load_llm(args)
-    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    prompt = resolve_prompt(llm, args)
     llm.engine.round_log = []
     out = llm.generate([prompt], params)[0]
     rounds, llm.engine.round_log = llm.engine.round_log, None

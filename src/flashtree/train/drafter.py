@@ -37,7 +37,7 @@ class DrafterRecipe:
     target_layer_ids: list[int] | None = None   # None = evenly spaced over the target
     mask_token: str = "<|mask|>"                # used when the tokenizer has it, else mask_token_id
     mask_token_id: int | None = None
-    num_sequences: int = 1200                   # regenerated training sequences
+    num_sequences: int = 3000                   # regenerated training sequences
     prompt_tokens: tuple[int, int] = (32, 128)  # prompt length range (tokens)
     response_tokens: int = 128
     sampled_fraction: float = 0.3               # share of responses sampled at T=1 (rest greedy)
@@ -82,7 +82,7 @@ def drafter_config(target, recipe: DrafterRecipe, mask_id: int, source: str) -> 
 def regenerate(target, tokenizer: Tokenizer, corpus: np.ndarray, recipe: DrafterRecipe, out: Path) -> None:
     """Write `out` (JSONL of {ids, prompt_len}): corpus prompts continued by the target."""
     rng = random.Random(recipe.seed)
-    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=16))
+    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=32))
     done = sum(1 for _ in out.open()) if out.is_file() else 0
     bar = tqdm(total=recipe.num_sequences, initial=done, desc="regenerate", dynamic_ncols=True)
     for _ in range(done):  # keep the RNG stream aligned on resume
