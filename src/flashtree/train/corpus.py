@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import random
 import sysconfig
 from pathlib import Path
 
@@ -86,6 +87,7 @@ def make_prompts(held: list[Path], per_file: int = 8, body_lines: int = 3) -> li
 def write_prompts(out: Path = PROMPTS_FILE) -> int:
     _, held = stdlib_files()
     prompts = make_prompts(held)
+    random.Random(0).shuffle(prompts)  # so "the first N prompts" spread over the held-out modules
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for p in prompts:

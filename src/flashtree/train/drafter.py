@@ -33,7 +33,7 @@ from ..tokenizer import Tokenizer
 @dataclass(slots=True)
 class DrafterRecipe:
     block_size: int = 8
-    num_layers: int = 2
+    num_layers: int = 1                         # on CPU the draft pass must stay far cheaper than a verify
     target_layer_ids: list[int] | None = None   # None = evenly spaced over the target
     mask_token: str = "<|mask|>"                # used when the tokenizer has it, else mask_token_id
     mask_token_id: int | None = None
