@@ -183,10 +183,10 @@ def greedy_walk_sampled_bonus(engine: Engine) -> None:
     def _verify(batch, vin, logits):
         ends = torch.tensor(vin.sizes).cumsum(0).tolist()
         spans = [(e - n, e) for e, n in zip(ends, vin.sizes)]
-        sampled = torch.zeros_like(vin.tokens)
-        sampled[vin.valid] = engine._sample(batch, logits, spans)
-        greedy = torch.zeros_like(vin.tokens)
-        greedy[vin.valid] = logits.argmax(-1)
+        def scatter(values):  # [R] -> [B, T]
+            return torch.zeros_like(vin.tokens).flatten().index_copy(0, vin.nodes, values).view_as(vin.tokens)
+        sampled = scatter(engine._sample(batch, logits, spans))
+        greedy = scatter(logits.argmax(-1))
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.max_depth)
         out.bonus = sampled.gather(1, out.last[:, None]).squeeze(1)
         return out

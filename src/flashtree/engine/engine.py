@@ -296,7 +296,8 @@ class Engine:
         hidden, feats = self.target(vin.tokens, vin.positions, fb, self.feature_layers)
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)
-        return self.target.logits(hidden[vin.valid]), feats                # [R, V] valid nodes only
+        valid_hidden = hidden.flatten(0, 1).index_select(0, vin.nodes)   # [R, H], no host sync
+        return self.target.logits(valid_hidden), feats                      # [R, V] valid nodes only
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""
@@ -317,8 +318,8 @@ class Engine:
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
         ends = torch.tensor(vin.sizes).cumsum(0).tolist()
         spans = [(e - n, e) for e, n in zip(ends, vin.sizes)]
-        draws = torch.zeros_like(vin.tokens)
-        draws[vin.valid] = self._sample(batch, logits, spans)
+        drawn = self._sample(batch, logits, spans)                            # [R]
+        draws = torch.zeros_like(vin.tokens).flatten().index_copy(0, vin.nodes, drawn).view_as(vin.tokens)
         return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.max_depth)
 
     def _commit(self, batch, trees, vin: VerifyInput, vout: VerifyOutput, feats) -> None:

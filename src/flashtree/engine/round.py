@@ -29,6 +29,7 @@ class VerifyInput:
     positions: torch.Tensor  # [B, T] RoPE position = length + depth
     rows: torch.Tensor       # [B, T] cache row = length + node index
     mask: torch.Tensor       # [B, 1, T, S] bool: committed context + ancestors + self
+    nodes: torch.Tensor      # [R] flat indices (b * T + t) of the valid nodes, sequence-major
     sizes: list[int]         # nodes per sequence (root included)
     max_depth: int
 
@@ -65,4 +66,5 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
     return VerifyInput(tokens=torch.from_numpy(tokens).to(device), parents=torch.from_numpy(parents).to(device),
                        depths=depths_t, valid=torch.from_numpy(valid).to(device),
                        positions=length[:, None] + depths_t, rows=rows, mask=mask,
+                       nodes=torch.from_numpy(np.flatnonzero(valid)).to(device),
                        sizes=[t.size for t in trees], max_depth=int(depths.max()))
