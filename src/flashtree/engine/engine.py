@@ -27,12 +27,13 @@ from .round import DraftOutput, VerifyInput, context_mask, pack_trees
 from .sequence import METHODS, Sequence
 
 MAX_BUDGET = 512
+DEFAULT_BUDGET = 16  # best tok/s of the bundled pair on CPU at T=0 (benchmarks/cpu/report.md)
 
 
 @dataclass(slots=True)
 class EngineConfig:
     method: str = "ddtree"
-    budget: int | None = None        # ddtree nodes per round; None = default_budget()
+    budget: int | None = None        # ddtree nodes per round; None = DEFAULT_BUDGET
     block_size: int | None = None    # None = the drafter's block size
     max_batch_size: int = 8
     max_model_len: int | None = None  # None = the target's max_position_embeddings
@@ -79,7 +80,7 @@ class Engine:
         else:
             self.feature_layers, self.drafter_block_size = None, 0
         self.default_block_size = self._check_block_size(config.block_size) if drafter else 1
-        self.default_budget = config.budget if config.budget is not None else self.default_block_size - 1
+        self.default_budget = config.budget if config.budget is not None else DEFAULT_BUDGET
         if config.method != "ar":
             self._check_method(config.method)
         if config.method == "ddtree" or config.budget is not None:
