@@ -7,7 +7,7 @@ from pathlib import Path
 def add_arguments(p) -> None:
     p.add_argument("--out", default="src/flashtree/bundled/target", help="output HF directory")
     p.add_argument("--work", default="runs/target", help="tokenizer/data/checkpoint directory")
-    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--steps", type=int, default=1100, help="optimizer steps of 16x256 tokens (the bundled target: 1100)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and export) after this long")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1 is robust on a shared machine)")

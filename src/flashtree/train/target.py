@@ -35,7 +35,7 @@ class TargetRecipe:
     num_key_value_heads: int = 2
     seq_len: int = 256
     batch_size: int = 16
-    steps: int = 2400
+    steps: int = 1100
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.1
