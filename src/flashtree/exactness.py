@@ -181,12 +181,8 @@ def wrong_temperature(engine: Engine, factor: float = 1.3) -> None:
 def greedy_walk_sampled_bonus(engine: Engine) -> None:
     """Walk the tree with argmax draws but sample the bonus: lossy at T > 0."""
     def _verify(batch, vin, logits):
-        ends = torch.tensor(vin.sizes).cumsum(0).tolist()
-        spans = [(e - n, e) for e, n in zip(ends, vin.sizes)]
-        def scatter(values):  # [R] -> [B, T]
-            return torch.zeros_like(vin.tokens).flatten().index_copy(0, vin.nodes, values).view_as(vin.tokens)
-        sampled = scatter(engine._sample(batch, logits, spans))
-        greedy = scatter(logits.argmax(-1))
+        sampled = vin.scatter(engine._sample(batch, logits, vin.spans))
+        greedy = vin.scatter(logits.argmax(-1))
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.max_depth)
         out.bonus = sampled.gather(1, out.last[:, None]).squeeze(1)
         return out

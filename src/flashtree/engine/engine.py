@@ -317,10 +317,7 @@ class Engine:
         return sample(probs, spans, [s.generator for s in seqs])
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
-        ends = torch.tensor(vin.sizes).cumsum(0).tolist()
-        spans = [(e - n, e) for e, n in zip(ends, vin.sizes)]
-        drawn = self._sample(batch, logits, spans)                            # [R]
-        draws = torch.zeros_like(vin.tokens).flatten().index_copy(0, vin.nodes, drawn).view_as(vin.tokens)
+        draws = vin.scatter(self._sample(batch, logits, vin.spans))           # [B, T]
         return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.max_depth)
 
     def _commit(self, batch, trees, vin: VerifyInput, vout: VerifyOutput, feats) -> None:

@@ -33,6 +33,16 @@ class VerifyInput:
     sizes: list[int]         # nodes per sequence (root included)
     max_depth: int
 
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """Row range of each sequence among the R valid nodes."""
+        ends = np.cumsum(self.sizes).tolist()
+        return [(e - n, e) for e, n in zip(ends, self.sizes)]
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-valid-node values [R] -> padded [B, T] (no host sync)."""
+        return torch.zeros_like(self.tokens).flatten().index_copy(0, self.nodes, values).view_as(self.tokens)
+
 
 def context_mask(lengths: torch.Tensor, T: int, S: int) -> torch.Tensor:
     """[B, 1, T, S] bool with every committed row (< length) visible to every new token."""
