@@ -1,6 +1,5 @@
 """With a drafter that knows the target's own greedy continuation, every round accepts the whole block."""
 import numpy as np
-import torch
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig

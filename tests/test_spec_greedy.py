@@ -2,7 +2,6 @@
 import random
 
 import pytest
-import torch
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig

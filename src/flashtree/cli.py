@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(modules[args.command].run(args) or 0)
     except (UserError, ValueError, FileNotFoundError, TypeError) as e:
-        from .config import ConfigError  # noqa: F401  (ConfigError is a ValueError)
         print(f"flashtree {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from importlib import metadata
 from pathlib import Path
 

@@ -31,7 +31,6 @@ def _row(cell) -> dict:
 
 
 def run(args) -> int:
-    import torch
     from tqdm import tqdm
 
     from ..exactness import FILTERS, NEGATIVE_CONTROLS, Cell, check_cell, grid, tiny_pair

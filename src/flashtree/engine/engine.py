@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError
 from ..kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
 from ..models.target import ForwardBatch, TargetModel

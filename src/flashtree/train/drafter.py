@@ -11,10 +11,8 @@ saved in the z-lab DFlash format. Data generation uses flashtree's own engine (m
 from __future__ import annotations
 
 import json
-import math
 import random
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from ..models.drafter import DFlashDrafter
 from ..models.loader import load_target, save_module
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
+from .loop import TrainState, warmup_cosine
 
 
 @dataclass(slots=True)
@@ -172,33 +171,17 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             drafter.fc.weight.zero_()
             drafter.fc.weight[:, (n - 1) * tc.hidden_size:] = torch.eye(tc.hidden_size)  # start from the last feature
     opt = torch.optim.AdamW(drafter.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    ckpt, log_path = work / "drafter_ckpt.pt", work / "drafter_log.jsonl"
-    step, hours = 0, 0.0
-    if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, hours = state["step"], state["hours"]
+    state = TrainState.open(work, "drafter", drafter, opt, resume)
     gamma = recipe.gamma or gamma_for(recipe.block_size)
     B = recipe.block_size
     weights = torch.exp(-(torch.arange(1, B) - 1) / gamma)                     # slots 1..B-1
     slot_w = torch.cat([torch.zeros(1), weights]).repeat(recipe.anchors)       # [A*B], slot 0 unused
     warmup = max(1, int(recipe.warmup_frac * recipe.steps))
-    rng = np.random.default_rng(recipe.seed + step)
-    t0 = time.time()
-    bar = tqdm(total=recipe.steps, initial=step, desc="train-drafter", dynamic_ncols=True)
-
-    def lr_at(s):
-        if s < warmup:
-            return recipe.lr * (s + 1) / warmup
-        return recipe.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, recipe.steps - warmup))))
-
-    def save():
-        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "hours": hours + (time.time() - t0) / 3600}, ckpt)
+    rng = np.random.default_rng(recipe.seed + state.step)
+    bar = tqdm(total=recipe.steps, initial=state.step, desc="train-drafter", dynamic_ncols=True)
 
     drafter.train()
-    while step < recipe.steps:
+    while state.step < recipe.steps:
         batch = [rows[i] for i in rng.integers(0, len(rows), recipe.batch_size)]
         ids, block_ids, block_pos, labels, mask = block_batch(batch, recipe, mask_id, rng)
         with torch.no_grad():
@@ -209,29 +192,27 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
         loss = (ce * slot_w).sum() / (slot_w.sum() * len(batch))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = warmup_cosine(state.step, recipe.steps, recipe.lr, warmup)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
-        step += 1
+        state.step += 1
         with torch.no_grad():
             acc = (logits.argmax(-1) == labels).float().view(len(batch), recipe.anchors, B)[:, :, 1].mean().item()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}")
-        if step % 20 == 0:
-            with log_path.open("a") as f:
-                f.write(json.dumps({"step": step, "loss": loss.item(), "slot1_acc": acc,
-                                    "elapsed_h": hours + (time.time() - t0) / 3600}) + "\n")
-        if step % 100 == 0:
-            save()
+        if state.step % 20 == 0:
+            state.log(loss=loss.item(), slot1_acc=acc)
+        if state.step % 100 == 0:
+            state.save()
             save_module(drafter, cfg_dict, out)  # a usable drafter at every checkpoint
-        if max_minutes and (time.time() - t0) / 60 > max_minutes:
+        if max_minutes and state.minutes_this_run() > max_minutes:
             break
     bar.close()
-    save()
+    state.save()
     save_module(drafter, cfg_dict, out)
-    report = {"steps": step, "train_hours": hours + (time.time() - t0) / 3600,
+    report = {"steps": state.step, "train_hours": state.hours,
               "params": sum(p.numel() for p in drafter.parameters()), "recipe": asdict(recipe)}
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tqdm import tqdm
 from ..config import ModelConfig
 from ..models.loader import save_module
 from ..models.target import TargetModel
+from .loop import TrainState, warmup_cosine
 from .corpus import read_source, stdlib_files
 from .tokenizer import EOS, save_tokenizer, train_tokenizer
 
@@ -63,11 +63,8 @@ def tokenize_files(tok, files) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
-def lr_at(step: int, r) -> float:
-    if step < r.warmup:
-        return r.lr * (step + 1) / r.warmup
-    frac = (step - r.warmup) / max(1, r.steps - r.warmup)
-    return r.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+def lr_at(step: int, r: TargetRecipe) -> float:
+    return warmup_cosine(step, r.steps, r.lr, r.warmup, floor=0.1)
 
 
 def prepare_data(work: Path, recipe: TargetRecipe):
@@ -113,52 +110,39 @@ def train_target(out: Path, work: Path, recipe: TargetRecipe, resume: bool = Fal
             torch.nn.init.normal_(p, std=0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
                             weight_decay=recipe.weight_decay)
-    ckpt, log_path = work / "target_ckpt.pt", work / "target_log.jsonl"
-    step, hours = 0, 0.0
-    if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, hours = state["step"], state.get("hours", 0.0)
-    rng = np.random.default_rng(recipe.seed + step)
+    state = TrainState.open(work, "target", model, opt, resume)
+    rng = np.random.default_rng(recipe.seed + state.step)
     train = data["train"]
     pos = torch.arange(recipe.seq_len).expand(recipe.batch_size, -1)
-    t0 = time.time()
-    bar = tqdm(total=recipe.steps, initial=step, desc="train-target", dynamic_ncols=True)
-
-    def save():
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "hours": hours + (time.time() - t0) / 3600}, ckpt)
+    bar = tqdm(total=recipe.steps, initial=state.step, desc="train-target", dynamic_ncols=True)
 
     model.train()
-    while step < recipe.steps:
+    while state.step < recipe.steps:
         starts = rng.integers(0, len(train) - recipe.seq_len - 1, recipe.batch_size)
         batch = torch.from_numpy(np.stack([train[s:s + recipe.seq_len + 1] for s in starts]).astype(np.int64))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, recipe)
+            g["lr"] = lr_at(state.step, recipe)
         h, _ = model(batch[:, :-1], pos)
         loss = F.cross_entropy(model.logits(h).flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
+        state.step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % 20 == 0:
-            with log_path.open("a") as f:
-                f.write(json.dumps({"step": step, "loss": loss.item(), "lr": lr_at(step, recipe),
-                                    "elapsed_h": hours + (time.time() - t0) / 3600}) + "\n")
-        if step % 100 == 0:
-            save()
-        if max_minutes and (time.time() - t0) / 60 > max_minutes:
+        if state.step % 20 == 0:
+            state.log(loss=loss.item(), lr=lr_at(state.step, recipe))
+        if state.step % 100 == 0:
+            state.save()
+        if max_minutes and state.minutes_this_run() > max_minutes:
             break
     bar.close()
-    save()
+    state.save()
     model.eval()
     ppl = perplexity(model, data["heldout"], recipe.seq_len)
     export_target(model, recipe, work, out)
-    report = {"steps": step, "heldout_ppl": ppl, "train_hours": hours + (time.time() - t0) / 3600,
+    report = {"steps": state.step, "heldout_ppl": ppl, "train_hours": state.hours,
               "params": sum(p.numel() for p in model.parameters()), "recipe": asdict(recipe)}
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
