@@ -1,7 +1,8 @@
 """Acceptance of the bundled pair on held-out prompts (issue 4): mean tau and its histogram at
 T=0 and T=1 for dflash and ddtree budgets 8/16/32/64, plus greedy samples; writes JSON.
 
-Usage: python scripts/measure_bundled.py [--prompts 32] [--max-tokens 128] [--out benchmarks/bundled_pair.json]
+Usage: python scripts/measure_bundled.py [--prompts 32] [--max-tokens 128] [--drafter DIR]
+                                         [--out benchmarks/bundled_pair.json]
 Speed (tok/s ratios) comes from `flashtree bench`, which times the methods side by side.
 """
 import argparse
@@ -19,15 +20,16 @@ p = argparse.ArgumentParser()
 p.add_argument("--prompts", type=int, default=32)
 p.add_argument("--max-tokens", type=int, default=128)
 p.add_argument("--threads", type=int, default=1)
+p.add_argument("--drafter", default=str(BUNDLED_DRAFTER), help="drafter to measure with the bundled target")
 p.add_argument("--out", default="benchmarks/bundled_pair.json")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 
-llm = LLM(max_batch_size=8)
+llm = LLM(BUNDLED_TARGET, a.drafter, max_batch_size=8)
 prompts = load_prompts()[: a.prompts]
 report = {"prompts": len(prompts), "max_tokens": a.max_tokens,
           "target": json.loads((BUNDLED_TARGET / "training_report.json").read_text()),
-          "drafter": json.loads((BUNDLED_DRAFTER / "training_report.json").read_text()),
+          "drafter": json.loads((Path(a.drafter) / "training_report.json").read_text()),
           "acceptance": []}
 for T in (0.0, 1.0):
     for method, budget in (("dflash", None), ("ddtree", 8), ("ddtree", 16), ("ddtree", 32), ("ddtree", 64)):

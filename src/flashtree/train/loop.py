@@ -36,8 +36,12 @@ class TrainState:
 
     @classmethod
     def open(cls, work: Path, name: str, model, opt, resume: bool) -> "TrainState":
-        """State for `work/<name>_ckpt.pt`; with `resume`, load it when it exists."""
+        """State for `work/<name>_ckpt.pt`; with `resume`, load it when it exists. Starting over
+        on top of an existing checkpoint is refused rather than silently overwriting it."""
         state = cls(work / f"{name}_ckpt.pt", work / f"{name}_log.jsonl", model, opt)
+        if state.ckpt.is_file() and not resume:
+            raise ValueError(f"{state.ckpt} already holds a training run: pass --resume to continue it, "
+                             "or remove it (or choose another --work) to start over")
         if resume and state.ckpt.is_file():
             saved = torch.load(state.ckpt, weights_only=True)
             model.load_state_dict(saved["model"])
