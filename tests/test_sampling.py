@@ -1,11 +1,12 @@
-"""The sampling pipeline against a float64 reference; seeding; greedy; the exponential race."""
+"""The sampling pipeline against a float64 reference (every filter plan); seeding; greedy; the
+inverse-CDF sampler."""
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import logits_to_probs, sample
+from flashtree.sampling import FilterPlan, logits_to_probs, sample
 from flashtree.sampling_params import SamplingParams
 
 
@@ -50,6 +51,29 @@ def test_pipeline_matches_float64_reference_for_every_filter_combination():
         assert abs(got[r].sum() - 1) < 1e-5
 
 
+@pytest.mark.parametrize("subset", [
+    "no_filters",          # no sort at all
+    "top_k_only",          # a partial topk instead of a full sort
+    "mixed_k_and_none",    # rows without filters beside top-k rows
+    "top_p",               # a full sort
+])
+def test_every_filter_plan_matches_the_reference(subset):
+    keep = {"no_filters": lambda t, k, p, m: k == 0 and p == 1.0,
+            "top_k_only": lambda t, k, p, m: k > 0 and p == 1.0,
+            "mixed_k_and_none": lambda t, k, p, m: p == 1.0,
+            "top_p": lambda t, k, p, m: p < 1.0}[subset]
+    rows = [r for r in SETTINGS if keep(*r)]
+    torch.manual_seed(1)
+    logits = torch.randn(len(rows), 50) * 3
+    T, K, P, M = (torch.tensor(c) for c in zip(*rows))
+    plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), 50)
+    expected_width = {"no_filters": 0, "top_k_only": 5, "mixed_k_and_none": 5, "top_p": 50}[subset]
+    assert plan.sort_width == expected_width
+    got = logits_to_probs(logits, T.float(), K.long(), P.float(), M.float(), plan).double().numpy()
+    for r, (t, k, p, m) in enumerate(rows):
+        assert np.abs(got[r] - reference(logits[r].numpy(), t, k, p, m)).max() < 1e-5, (t, k, p, m)
+
+
 def test_greedy_rows_are_argmax_whatever_the_filters():
     logits = torch.randn(4, 30)
     probs = logits_to_probs(logits, torch.zeros(4), torch.tensor([0, 3, 0, 1]),
@@ -66,14 +90,24 @@ def test_seeded_sampling_reproduces_and_different_seeds_differ():
     assert not torch.equal(draw(7), draw(8))
 
 
-def test_exponential_race_draws_from_probs():
+def test_inverse_cdf_draws_from_probs_and_never_a_zero():
     from scipy.stats import chisquare
-    p = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    p = torch.tensor([0.0, 0.5, 0.25, 0.0, 0.15, 0.1, 0.0])
     n = 40000
     draws = sample(p.expand(n, -1).clone(), [(0, n)], [torch.Generator().manual_seed(0)])
-    counts = torch.bincount(draws, minlength=5).numpy()
-    assert counts[4] == 0
-    assert chisquare(counts[:4], p[:4].numpy() * n).pvalue > 1e-3
+    counts = torch.bincount(draws, minlength=7).numpy()
+    assert counts[0] == counts[3] == counts[6] == 0
+    live = p.numpy() > 0
+    assert chisquare(counts[live], p.numpy()[live] * n).pvalue > 1e-3
+
+
+def test_greedy_and_sampled_requests_share_one_call():
+    probs = torch.tensor([[0.1, 0.6, 0.3]] * 6)
+    gen = torch.Generator().manual_seed(3)
+    draws = sample(probs, [(0, 2), (2, 5), (5, 6)], [None, gen, None])
+    assert draws[[0, 1, 5]].tolist() == [1, 1, 1]             # greedy rows: argmax
+    alone = sample(probs[2:5], [(0, 3)], [torch.Generator().manual_seed(3)])
+    assert torch.equal(draws[2:5], alone)                     # a request's draws depend on its seed only
 
 
 @pytest.mark.parametrize("kw, field", [

@@ -4,49 +4,96 @@ Used unchanged for plain decoding, for every node of a verify pass, and for the 
 so speculative output has exactly the target's sampling distribution. Pure batched tensor
 functions: each row carries its own parameters; rows with temperature 0 become one-hot argmax.
 Randomness comes only from per-request `torch.Generator`s passed in by the caller.
+
+A `FilterPlan` (host-side facts about the batch's parameters) lets the pipeline skip work no row
+needs — the vocabulary sort when no row uses top-k or top-p, a partial `topk` instead of a full
+sort when only top-k is used — without a device sync. It never changes the result.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass(slots=True, frozen=True)
+class FilterPlan:
+    """What the rows of one call need, known on the host."""
+    any_greedy: bool
+    sort_width: int      # 0: no row uses top-k/top-p; else how many leading sorted tokens they need
+
+    @staticmethod
+    def of(temperature: list[float], top_k: list[int], top_p: list[float], vocab: int) -> "FilterPlan":
+        """Plan for rows with these parameters (greedy rows need no filtering)."""
+        width = 0
+        for t, k, p in zip(temperature, top_k, top_p):
+            if t == 0:
+                continue
+            if 0 < k < vocab:
+                width = max(width, k)       # top-p of such a row acts inside its top-k
+            elif p < 1:
+                width = vocab               # top-p over the whole vocabulary needs a full sort
+        return FilterPlan(any(t == 0 for t in temperature), width)
+
+
 def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                    top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                    top_p: torch.Tensor, min_p: torch.Tensor, plan: FilterPlan | None = None) -> torch.Tensor:
     """logits [R, V]; per-row temperature/top_k/top_p/min_p [R]. Returns probs [R, V] (fp32).
 
     Rule: p = softmax(logits / T); keep the k largest (k = 0: all); renormalise and keep the
     smallest descending prefix whose mass reaches top_p; keep tokens with p >= min_p * max p;
     renormalise. T == 0 rows are one-hot at the argmax (filters are then irrelevant).
+    `plan` must describe these parameters; None derives it from the tensors (a device sync).
     """
     logits = logits.float()
+    V = logits.shape[-1]
+    if plan is None:
+        plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), V)
     greedy = temperature == 0                                                 # [R]
     scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(-1)     # [R, V]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)               # [R, V]
-    V = logits.shape[-1]
-    rank = torch.arange(V, device=logits.device)
-    k = torch.where(top_k > 0, top_k.clamp(max=V), V)
-    drop = rank >= k.unsqueeze(-1)                                            # top-k
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    mass_before = probs.cumsum(-1) - probs
-    drop |= (mass_before >= top_p.unsqueeze(-1)) & (top_p < 1).unsqueeze(-1)   # top-p (keeps rank 0)
-    probs = probs.masked_fill(drop, 0.0)
-    drop |= probs < min_p.unsqueeze(-1) * probs[:, :1]                        # min-p
-    probs = probs.masked_fill(drop, 0.0)
+    probs = scaled.softmax(-1)                                                # [R, V]
+    if plan.sort_width:
+        W = plan.sort_width
+        top, order = scaled.topk(W, dim=-1) if W < V else scaled.sort(dim=-1, descending=True)  # [R, W]
+        rank = torch.arange(W, device=logits.device)
+        k = torch.where(top_k > 0, top_k.clamp(max=W), W)
+        drop = rank >= k.unsqueeze(-1)                                        # top-k
+        kept = top.masked_fill(drop, float("-inf")).softmax(-1)              # renormalised over top-k
+        mass_before = kept.cumsum(-1) - kept
+        drop |= (mass_before >= top_p.unsqueeze(-1)) & (top_p < 1).unsqueeze(-1)  # top-p (keeps rank 0)
+        filtered = torch.zeros_like(probs).scatter_(-1, order, kept.masked_fill(drop, 0.0))
+        uses_sort = ((top_k > 0) & (top_k < V)) | (top_p < 1)                 # [R]
+        probs = torch.where(uses_sort.unsqueeze(-1), filtered, probs)
+    # min-p compares with the largest kept probability; the ratio ignores the renormalisation
+    probs = probs.masked_fill(probs < min_p.unsqueeze(-1) * probs.amax(-1, keepdim=True), 0.0)
     probs = probs / probs.sum(-1, keepdim=True)
-    out = torch.zeros_like(probs).scatter_(-1, order, probs)
-    if greedy.any():
-        onehot = torch.zeros_like(out).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        out = torch.where(greedy.unsqueeze(-1), onehot, out)
-    return out
+    if plan.any_greedy:
+        onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
+    return probs
 
 
 def sample(probs: torch.Tensor, spans: list[tuple[int, int]],
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """Draw one token per row of probs [R, V]. Rows spans[i][0]:spans[i][1] belong to request i
     and use its generator (None = greedy request: argmax, no randomness).
-    Exponential race: argmax(p / E), E ~ Exp(1) i.i.d., is an exact draw from p and needs no sync."""
-    noise = torch.ones_like(probs)
+
+    Inverse CDF: with u ~ U[0, 1) per row, take the first token whose cumulative mass (float64)
+    exceeds u * total. An exact draw from p that never picks a zero-probability token; one
+    uniform per row, no host sync."""
+    R, device = probs.shape[0], probs.device
+    u = torch.zeros(R, dtype=torch.float64, device=device)                    # [R]
+    sampled = [False] * R
     for (lo, hi), gen in zip(spans, generators):
         if gen is not None and hi > lo:
-            noise[lo:hi].exponential_(generator=gen)
-    return (probs / noise).argmax(-1)
+            u[lo:hi] = torch.rand(hi - lo, generator=gen, dtype=torch.float64, device=device)
+            sampled[lo:hi] = [True] * (hi - lo)
+    if not any(sampled):
+        return probs.argmax(-1)
+    cdf = probs.double().cumsum(-1)                                            # [R, V]
+    total = cdf[:, -1]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    drawn = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)      # [R]
+    if all(sampled):
+        return drawn
+    return torch.where(torch.tensor(sampled, device=device), drawn, probs.argmax(-1))

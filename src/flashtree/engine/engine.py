@@ -18,7 +18,7 @@ import torch
 from ..kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
 from ..models.target import ForwardBatch, TargetModel
-from ..sampling import logits_to_probs, sample
+from ..sampling import FilterPlan, logits_to_probs, sample
 from ..sampling_params import SamplingParams
 from ..spec.tree import build_ddtree, chain_tree, root_only
 from ..spec.verify import VerifyOutput, verify_tree
@@ -96,7 +96,6 @@ class Engine:
         self.running: list[Sequence] = []
         self._next_id = 0
         self.verify_fn = verify_tree          # swappable in tests (a wrong verifier must be caught)
-        self.node_probs = logits_to_probs     # the sampling pipeline used at every node
         self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
         self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
@@ -301,7 +300,7 @@ class Engine:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""
-        if all(s.generator is None for s in seqs) and self.node_probs is logits_to_probs:
+        if all(s.generator is None for s in seqs):
             return logits.argmax(-1)  # all greedy: the pipeline is the argmax
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
@@ -309,10 +308,10 @@ class Engine:
             return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
 
         ps = [s.params for s in seqs]
-        probs = self.node_probs(logits, per_row([p.temperature for p in ps], torch.float32),
-                                per_row([p.top_k for p in ps], torch.long),
-                                per_row([p.top_p for p in ps], torch.float32),
-                                per_row([p.min_p for p in ps], torch.float32))
+        temps, top_ks, top_ps = [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
+        plan = FilterPlan.of(temps, top_ks, top_ps, logits.shape[-1])
+        probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
+                                per_row(top_ps, torch.float32), per_row([p.min_p for p in ps], torch.float32), plan)
         return sample(probs, spans, [s.generator for s in seqs])
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
