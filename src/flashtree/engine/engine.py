@@ -26,7 +26,7 @@ from .round import DraftOutput, VerifyInput, context_mask, pack_trees
 from .sequence import METHODS, Sequence
 
 MAX_BUDGET = 512
-DEFAULT_BUDGET = 16  # best tok/s of the bundled pair on CPU at T=0 (benchmarks/cpu/report.md)
+DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between runs; 16 has the higher tau (benchmarks/cpu)
 
 
 @dataclass(slots=True)
