@@ -39,10 +39,11 @@ def test_resume_continues_from_the_checkpoint(trained):
 def test_starting_over_on_a_checkpoint_is_refused(trained, capsys):
     target, out, work = trained
     code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
-                 "--mask-token-id", "95", "--num-sequences", "32", "--steps", "10"])
+                 "--mask-token-id", "95", "--num-sequences", "64", "--steps", "10"])
     assert code == 2
     assert "--resume" in capsys.readouterr().err
     assert json.loads((out / "training_report.json").read_text())["steps"] == 200  # untouched
+    assert sum(1 for _ in (work / "regenerated.jsonl").open()) == 32  # refused before regenerating more
 
 
 def test_output_is_a_zlab_drafter_that_stays_lossless(trained):

@@ -82,18 +82,18 @@ def sample(probs: torch.Tensor, spans: list[tuple[int, int]],
     exceeds u * total. An exact draw from p that never picks a zero-probability token; one
     uniform per row, no host sync."""
     R, device = probs.shape[0], probs.device
-    u = torch.zeros(R, dtype=torch.float64, device=device)                    # [R]
-    sampled = [False] * R
-    for (lo, hi), gen in zip(spans, generators):
-        if gen is not None and hi > lo:
-            u[lo:hi] = torch.rand(hi - lo, generator=gen, dtype=torch.float64, device=device)
-            sampled[lo:hi] = [True] * (hi - lo)
-    if not any(sampled):
+    requests = [(lo, hi, gen) for (lo, hi), gen in zip(spans, generators) if hi > lo]
+    if all(gen is None for _, _, gen in requests):
         return probs.argmax(-1)
+    u = torch.zeros(R, dtype=torch.float64, device=device)                    # [R]
+    greedy_rows = torch.zeros(R, dtype=torch.bool, device=device)             # [R]
+    for lo, hi, gen in requests:
+        if gen is None:
+            greedy_rows[lo:hi] = True
+        else:
+            u[lo:hi] = torch.rand(hi - lo, generator=gen, dtype=torch.float64, device=device)
     cdf = probs.double().cumsum(-1)                                            # [R, V]
     total = cdf[:, -1]
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
     drawn = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)      # [R]
-    if all(sampled):
-        return drawn
-    return torch.where(torch.tensor(sampled, device=device), drawn, probs.argmax(-1))
+    return torch.where(greedy_rows, probs.argmax(-1), drawn)

@@ -146,6 +146,18 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     cfg = DrafterConfig.from_dict(cfg_dict, source=str(out / "config.json"))
     cfg.check_pair(tc)
 
+    drafter = DFlashDrafter(cfg)
+    if recipe.warm_start:
+        with torch.no_grad():
+            first = tc.num_hidden_layers - recipe.num_layers
+            for i, layer in enumerate(drafter.layers):
+                layer.load_state_dict(target.model.layers[max(first + i, 0)].state_dict())
+            n = len(recipe.target_layer_ids)
+            drafter.fc.weight.zero_()
+            drafter.fc.weight[:, (n - 1) * tc.hidden_size:] = torch.eye(tc.hidden_size)  # start from the last feature
+    opt = torch.optim.AdamW(drafter.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    state = TrainState.open(work, "drafter", drafter, opt, resume)  # refuses before the long data work
+
     data_path = work / "regenerated.jsonl"
     corpus = np.load(work / "corpus_tokens.npy") if (work / "corpus_tokens.npy").is_file() else None
     if corpus is None:
@@ -161,17 +173,6 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         regenerate(target, tokenizer, corpus, recipe, data_path)
     rows = [json.loads(line) for line in data_path.open()][: recipe.num_sequences]
 
-    drafter = DFlashDrafter(cfg)
-    if recipe.warm_start:
-        with torch.no_grad():
-            first = tc.num_hidden_layers - recipe.num_layers
-            for i, layer in enumerate(drafter.layers):
-                layer.load_state_dict(target.model.layers[max(first + i, 0)].state_dict())
-            n = len(recipe.target_layer_ids)
-            drafter.fc.weight.zero_()
-            drafter.fc.weight[:, (n - 1) * tc.hidden_size:] = torch.eye(tc.hidden_size)  # start from the last feature
-    opt = torch.optim.AdamW(drafter.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    state = TrainState.open(work, "drafter", drafter, opt, resume)
     gamma = recipe.gamma or gamma_for(recipe.block_size)
     B = recipe.block_size
     weights = torch.exp(-(torch.arange(1, B) - 1) / gamma)                     # slots 1..B-1

@@ -102,7 +102,6 @@ def train_target(out: Path, work: Path, recipe: TargetRecipe, resume: bool = Fal
                  max_minutes: float | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
-    tok, data = prepare_data(work, recipe)
     cfg = ModelConfig.from_dict(recipe.model_config(), source=str(out / "config.json"))
     model = TargetModel(cfg)
     for name, p in model.named_parameters():
@@ -110,7 +109,8 @@ def train_target(out: Path, work: Path, recipe: TargetRecipe, resume: bool = Fal
             torch.nn.init.normal_(p, std=0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
                             weight_decay=recipe.weight_decay)
-    state = TrainState.open(work, "target", model, opt, resume)
+    state = TrainState.open(work, "target", model, opt, resume)  # refuses before the long data work
+    tok, data = prepare_data(work, recipe)
     rng = np.random.default_rng(recipe.seed + state.step)
     train = data["train"]
     pos = torch.arange(recipe.seq_len).expand(recipe.batch_size, -1)
