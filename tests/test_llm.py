@@ -1,4 +1,5 @@
 """The Python API: greedy ar equals transformers' generate; chat template; stops; the CLI."""
+import io
 import json
 import subprocess
 import sys
@@ -70,3 +71,51 @@ def test_cli_generate_json(tiny_pair):
     r = subprocess.run([sys.executable, "-m", "flashtree.cli", "generate", "t1 t2", "--model", str(tiny_pair[0]),
                         "--method", "ar", "--max-tokens", "6"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("t1 t2") and "tok/s" in r.stderr
+
+
+def _ids_alone(llm, prompt, params):
+    return llm.generate([prompt], params, use_tqdm=False)[0].token_ids
+
+
+def test_generate_streams_prompts_past_the_queue_cap(tiny_pair):
+    small = LLM(model=tiny_pair[0], method="ar", dtype="float32", device="cpu", max_batch_size=2, max_queue=4)
+    prompts = [[3 + i, 40 - i] for i in range(10)]
+    ps = [SamplingParams(temperature=0, max_tokens=2 + i % 4, ignore_eos=True) for i in range(10)]
+    outs = small.generate(prompts, ps)
+    assert [o.prompt for o in outs] == prompts
+    assert [o.token_ids for o in outs] == [_ids_alone(small, p, sp) for p, sp in zip(prompts, ps)]
+    assert not small.engine.has_work()
+
+
+def test_generate_takes_more_prompts_than_the_default_queue(tiny_pair):
+    llm = LLM(model=tiny_pair[0], method="ar", dtype="float32", device="cpu", max_batch_size=64, max_model_len=32)
+    assert llm.engine.config.max_queue == 1024
+    n = 1100
+    prompts = [[1 + i % 90, 2] for i in range(n)]
+    ps = [SamplingParams(temperature=0, max_tokens=1 + i % 3, ignore_eos=True) for i in range(n)]
+    outs = llm.generate(prompts, ps)
+    refs = {(p[0], sp.max_tokens): _ids_alone(llm, p, sp) for p, sp in zip(prompts[:270], ps[:270])}
+    assert [o.token_ids for o in outs] == [refs[p[0], sp.max_tokens] for p, sp in zip(prompts, ps)]
+
+
+def test_generate_aborts_its_requests_on_a_bad_prompt_midway(tiny_pair):
+    small = LLM(model=tiny_pair[0], method="ar", dtype="float32", device="cpu", max_batch_size=2, max_queue=4)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with pytest.raises(ValueError, match="empty") as err:
+        small.generate([[5, 6]] * 6 + [[]], params)
+    assert "prompt 6 of 7" in "".join(err.value.__notes__)
+    assert not small.engine.has_work() and not small.engine.running
+    assert small.generate([[5, 6]], params)[0].token_ids == small.generate([[5, 6]] * 3, params)[2].token_ids
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(llm, monkeypatch):
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    for stream, use_tqdm, shown in ((_Tty(), True, True), (_Tty(), False, False), (io.StringIO(), True, False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        llm.generate([[1, 2], [3, 4], [5, 6]], params, use_tqdm=use_tqdm)
+        assert ("3/3" in stream.getvalue()) == shown, stream.getvalue()

@@ -4,6 +4,7 @@ Owns loading and text; the decoding itself is `engine/engine.py`.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,14 @@ from .tokenizer import Tokenizer
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 BUNDLED_TARGET = BUNDLED_DIR / "target"
 BUNDLED_DRAFTER = BUNDLED_DIR / "drafter"
+
+
+def _progress(total: int, use_tqdm: bool):
+    """A tqdm bar on an interactive stderr, else None (logs and pipes stay clean)."""
+    if not use_tqdm or total == 0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="Processed prompts", unit="prompt", file=sys.stderr)
 
 
 @dataclass(slots=True)
@@ -68,10 +77,14 @@ class LLM:
                              finish_reason=seq.finish_reason, metrics=seq.metrics)
 
     # ------------------------------------------------------------------ API
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 method: str | None = None, budget: int | None = None,
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True, *, method: str | None = None, budget: int | None = None,
                  block_size: int | None = None) -> list[RequestOutput]:
-        """Run prompts (str | list[str] | list[list[int]]) to completion, batched."""
+        """Run any number of prompts (str | list[str] | list[list[int]]) to completion, in order.
+
+        Prompts enter the engine as batch slots free up, so the server's queue cap never applies;
+        `use_tqdm` shows a progress bar when stderr is a terminal.
+        """
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -81,10 +94,36 @@ class LLM:
             plist = params
         else:
             plist = [params or SamplingParams()] * len(prompts)
-        seqs = [self.engine.add_request(self._ids(p), sp, method=method, budget=budget, block_size=block_size)
-                for p, sp in zip(prompts, plist)]
-        while any(not s.finished for s in seqs):
-            self.engine.step()
+        ids = [self._ids(p) for p in prompts]  # bad prompt types fail before any decoding
+        seqs: list[Sequence] = []
+        active: list[Sequence] = []  # added and not finished: at most a queue room plus a batch
+        # keep just enough waiting to fill the batch at the next admission (never above the engine's cap)
+        room = max(1, min(self.engine.config.max_queue, self.engine.config.max_batch_size))
+        bar = _progress(len(prompts), use_tqdm)
+        try:
+            while len(seqs) < len(prompts) or active:
+                while len(seqs) < len(prompts) and len(self.engine.waiting) < room:
+                    i = len(seqs)
+                    try:
+                        seq = self.engine.add_request(ids[i], plist[i], method=method, budget=budget,
+                                                      block_size=block_size)
+                    except Exception as e:
+                        e.add_note(f"(prompt {i} of {len(prompts)})")
+                        raise
+                    seqs.append(seq)
+                    active.append(seq)
+                self.engine.step()
+                n_active = len(active)
+                active = [s for s in active if not s.finished]
+                if bar is not None:
+                    bar.update(n_active - len(active))
+        except BaseException:
+            for s in active:  # leave the engine clean (Ctrl-C, a bad prompt midway)
+                self.engine.abort(s)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [self._output(p, s) for p, s in zip(prompts, seqs)]
 
     def chat(self, messages_or_list, params=None, **kw) -> list[RequestOutput]:

@@ -64,7 +64,7 @@ def run(args) -> int:
     llm = load_llm(args)
     prompt = resolve_prompt(llm, args)
     if args.json:
-        o = llm.generate([prompt], params)[0]
+        o = llm.generate([prompt], params, use_tqdm=False)[0]
         print(json.dumps({"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
                           "metrics": o.metrics.to_dict()}))
         return 0

@@ -26,7 +26,7 @@ def run(args) -> int:
     llm = load_llm(args)
     prompt = resolve_prompt(llm, args)
     llm.engine.round_log = []
-    out = llm.generate([prompt], params)[0]
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
     rounds, llm.engine.round_log = llm.engine.round_log, None
     meta = TraceMeta(prompt=prompt, output=out.text, method=args.method,
                      budget=llm.engine.default_budget, block_size=llm.engine.default_block_size,
