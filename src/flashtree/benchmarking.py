@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
 from .sampling_params import SamplingParams
 
 DRAFT_PHASES = ("draft", "tree")
@@ -74,15 +75,15 @@ class BenchPlan:
     def __post_init__(self):
         for name in ("methods", "temperatures", "concurrency"):
             if not getattr(self, name):
-                raise ValueError(f"bench: --{name} must list at least one value")
+                raise UserError(f"bench: --{name} must list at least one value")
         if "ddtree" in self.methods and not self.budgets:
-            raise ValueError("bench: ddtree needs at least one budget (--budgets)")
+            raise UserError("bench: ddtree needs at least one budget (--budgets)")
         if min(self.concurrency) < 1:
-            raise ValueError(f"bench: concurrency must be >= 1, got {self.concurrency}")
+            raise UserError(f"bench: concurrency must be >= 1, got {self.concurrency}")
         if any(t < 0 for t in self.temperatures):
-            raise ValueError(f"bench: temperatures must be >= 0, got {self.temperatures}")
+            raise UserError(f"bench: temperatures must be >= 0, got {self.temperatures}")
         if self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"bench: need --repeats >= 1 and --warmup >= 0, got {self.repeats}, {self.warmup}")
+            raise UserError(f"bench: need --repeats >= 1 and --warmup >= 0, got {self.repeats}, {self.warmup}")
 
     def configs(self) -> list[Config]:
         """`ar` first (the baseline is always measured), then the requested speculative configs."""
@@ -128,7 +129,7 @@ class HFPeer:
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
         except Exception as e:  # any loader failure becomes one actionable line
-            raise ValueError(f"transformers cannot load {model_dir} as a peer ({type(e).__name__}: {e}); "
+            raise UserError(f"transformers cannot load {model_dir} as a peer ({type(e).__name__}: {e}); "
                              "run with --no-peers") from e
         self.device = device
 

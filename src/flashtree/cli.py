@@ -1,13 +1,16 @@
 """`flashtree` command line: one subcommand per module, loaded lazily.
 
 Each command module exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can
-fix (bad paths, bad parameters) print one line and exit 2 — never a traceback.
+fix (flashtree's own error types, see errors.py) print one line and exit 2; anything else is a
+bug and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from .errors import is_user_error
 
 COMMANDS = {
     "generate": ("flashtree.commands.generate", "generate text for a prompt (streams to the terminal)"),
@@ -19,10 +22,6 @@ COMMANDS = {
     "train-target": ("flashtree.commands.train_target", "train the bundled target LM on the stdlib corpus"),
     "train-drafter": ("flashtree.commands.train_drafter", "train a DFlash drafter for any supported target"),
 }
-
-
-class UserError(Exception):
-    """An error caused by the user's input: printed as one line, exit code 2."""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -54,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(modules[args.command].run(args) or 0)
-    except (UserError, ValueError, FileNotFoundError, TypeError) as e:
+    except ValueError as e:
+        if not is_user_error(e):
+            raise
         print(f"flashtree {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

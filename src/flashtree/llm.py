@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .engine.engine import Engine, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence
+from .errors import UserError
 from .models.loader import load_drafter, load_target
 from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
@@ -49,7 +50,7 @@ class LLM:
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue)
         if method != "ar" and draft is None:
-            raise ValueError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
+            raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
         self.target = load_target(model, dtype=dtype, device=device)
         self.drafter = load_drafter(draft, self.target) if draft else None
@@ -90,7 +91,7 @@ class LLM:
         prompts = list(prompts)
         if isinstance(params, list):
             if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+                raise UserError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
             plist = params
         else:
             plist = [params or SamplingParams()] * len(prompts)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..engine.sequence import METHODS
+from ..errors import UserError
 from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
 
 DEFAULT_BUDGETS = [4, 8, 16, 32]
@@ -61,9 +62,9 @@ def plan_from_args(args):
     methods = args.methods or ([args.method] if args.method else list(METHODS))
     bad = [m for m in methods if m not in METHODS]
     if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
+        raise UserError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
     if args.model is not None and args.draft is None and set(methods) - {"ar"}:
-        raise ValueError("dflash/ddtree need a drafter: pass --draft DIR, or --methods ar")
+        raise UserError("dflash/ddtree need a drafter: pass --draft DIR, or --methods ar")
     budgets = args.budgets or ([args.budget] if args.budget is not None else DEFAULT_BUDGETS)
     temps = args.temperatures or ([args.temperature] if args.temperature is not None else [0.0, 1.0])
     return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
@@ -82,15 +83,17 @@ def run(args) -> int:
     needed = ["matplotlib"] + (["transformers"] if plan.peers else [])
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:  # fail before measuring, not after
-        raise ValueError(f"bench needs {' and '.join(missing)} (pip install 'flashtree[dev]')"
+        raise UserError(f"bench needs {' and '.join(missing)} (pip install 'flashtree[dev]')"
                          + ("; or run with --no-peers" if missing == ["transformers"] else ""))
     args.temperature = plan.temperatures[0]
     base = replace(sampling_params(args), ignore_eos=args.ignore_eos)  # validated before loading
     if args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        raise UserError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.prompts is not None and not Path(args.prompts).is_file():
+        raise UserError(f"{args.prompts}: prompt file not found (JSONL with a 'prompt' field per line)")
     prompts = load_prompts(args.prompts)[:args.num_prompts]
     if not prompts:
-        raise ValueError(f"{args.prompts or PROMPTS_FILE}: no prompts")
+        raise UserError(f"{args.prompts or PROMPTS_FILE}: no prompts")
     args.method = "ar" if plan.methods == ["ar"] else "ddtree"
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]

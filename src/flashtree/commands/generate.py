@@ -5,6 +5,7 @@ import json
 import sys
 
 from ..engine.sequence import METHODS
+from ..errors import UserError
 
 
 def add_model_arguments(p) -> None:
@@ -29,13 +30,21 @@ def add_sampling_arguments(p) -> None:
 
 def sampling_params(args):
     from ..sampling_params import SamplingParams
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
-                          stop=getattr(args, "stop", None) or None)
+    try:  # SamplingParams validates its fields with ValueError; here every field is a flag's value
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
+                              stop=getattr(args, "stop", None) or None)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def load_llm(args, **kw):
     from ..llm import LLM
+    from ..models.loader import resolve_device, resolve_dtype
+    try:  # --device / --dtype, checked before any weights load
+        resolve_dtype(args.dtype, resolve_device(args.device))
+    except (ValueError, RuntimeError) as e:
+        raise UserError(f"--device {args.device} --dtype {args.dtype}: {e}") from None
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget,
                block_size=args.block_size, device=args.device, dtype=args.dtype, **kw)
 
@@ -47,6 +56,8 @@ def add_prompt_arguments(p) -> None:
 
 def resolve_prompt(llm, args) -> str:
     if args.chat:
+        if not llm.tokenizer.chat_template:
+            raise UserError(f"--chat: {llm.model_path}/tokenizer_config.json has no chat_template")
         return llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     return args.prompt
 

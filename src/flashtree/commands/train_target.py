@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
+
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="src/flashtree/bundled/target", help="output HF directory")
@@ -20,7 +22,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.steps < 1:
-        raise ValueError("--steps must be >= 1")
+        raise UserError("--steps must be >= 1")
     report = train_target(Path(args.out), Path(args.work), TargetRecipe(steps=args.steps), args.resume, args.max_minutes)
     print(f"saved target to {args.out}: {report['steps']} steps, held-out perplexity {report['heldout_ppl']:.2f}")
     return 0

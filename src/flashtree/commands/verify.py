@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..errors import UserError
+
 
 def add_arguments(p) -> None:
     p.add_argument("--samples", type=int, default=20000, help="runs per cell (default 20000)")
@@ -39,9 +41,9 @@ def run(args) -> int:
     filters = tuple(f.strip() for f in args.filters.split(","))
     unknown = [f for f in filters if f not in FILTERS]
     if unknown:
-        raise ValueError(f"unknown filter(s) {unknown}; choose from {', '.join(FILTERS)}")
+        raise UserError(f"unknown filter(s) {unknown}; choose from {', '.join(FILTERS)}")
     if args.samples < 100:
-        raise ValueError("--samples must be >= 100")
+        raise UserError("--samples must be >= 100")
     pair = tiny_pair()
     prompt = [1, 2, 3]
     cells = grid(temps, filters, (("dflash", None), ("ddtree", args.budget)), n=args.samples)
