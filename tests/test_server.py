@@ -301,7 +301,7 @@ BAD = [  # (path, body, status, param)
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, client, ref):
     with httpx.Client(base_url=server.base, timeout=30) as h:
         for path, body, status, param in BAD:
-            r = h.post(path, content=body) if isinstance(body, bytes) else h.post(path, json={"model": "tiny", **body})
+            r = h.post(path, content=body, headers={"content-type": "application/json"}) if isinstance(body, bytes) else h.post(path, json={"model": "tiny", **body})
             assert r.status_code == status, (body, r.text)
             err = r.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"], r.text

@@ -80,7 +80,8 @@ def sample(probs: torch.Tensor, spans: list[tuple[int, int]],
 
     Inverse CDF: with u ~ U[0, 1) per row, take the first token whose cumulative mass (float64)
     exceeds u * total. An exact draw from p that never picks a zero-probability token; one
-    uniform per row, no host sync."""
+    uniform per row, no host sync. A sampled row with no valid mass (NaN, inf or all zero) draws
+    the sentinel V (no token): the caller fails that request instead of feeding V to the model."""
     R, device = probs.shape[0], probs.device
     requests = [(lo, hi, gen) for (lo, hi), gen in zip(spans, generators) if hi > lo]
     if all(gen is None for _, _, gen in requests):
@@ -96,4 +97,5 @@ def sample(probs: torch.Tensor, spans: list[tuple[int, int]],
     total = cdf[:, -1]
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
     drawn = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)      # [R]
+    drawn = torch.where(torch.isfinite(total) & (total > 0), drawn, probs.shape[-1])    # sentinel V
     return torch.where(greedy_rows, probs.argmax(-1), drawn)

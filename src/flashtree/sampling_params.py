@@ -1,54 +1,87 @@
-"""Per-request sampling parameters, validated on construction."""
+"""Per-request sampling parameters, validated on construction against what the engine can represent.
+
+The engine computes in float32 with int64 token counts, so values are checked *after* those casts:
+a temperature that float32 would turn into 0 or a subnormal (and so into NaN probabilities or a
+silent T=1 draw) is refused rather than run. Vocabulary-dependent limits (top_k <= vocab) are the
+engine's, which knows the vocabulary.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UserError
+
+MIN_TEMPERATURE = 1e-4      # 0 < temperature < this is refused: use 0 for greedy
+MAX_TEMPERATURE = 1e4       # above this every token is equally likely to within float32 noise
+INT64_MAX = 2**63 - 1
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    temperature: float = 1.0   # 0 = greedy (argmax); top_k/top_p/min_p are then irrelevant
-    top_p: float = 1.0         # nucleus mass kept, in (0, 1]
-    top_k: int = 0             # 0 = off
+    temperature: float = 1.0   # 0 = greedy (argmax); else in [MIN_TEMPERATURE, MAX_TEMPERATURE]
+    top_p: float = 1.0         # nucleus mass kept, in (0, 1] (and > 0 as a float32)
+    top_k: int = 0             # 0 = off; at most the vocabulary size (checked by the engine)
     min_p: float = 0.0         # keep tokens with p >= min_p * max p; in [0, 1)
     max_tokens: int = 128
-    seed: int | None = None
+    seed: int | None = None    # any integer torch.Generator.manual_seed takes: [-2^63, 2^64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
 
     def __post_init__(self):
         def bad(name, why):
-            raise ValueError(f"SamplingParams.{name} {why} (got {getattr(self, name)!r})")
+            raise UserError(f"SamplingParams.{name} {why} (got {_short(getattr(self, name))})")
 
         for name in ("temperature", "top_p", "min_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 bad(name, "must be a number")
+            if not math.isfinite(v):
+                bad(name, "must be a finite number")
         for name in ("top_k", "max_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 bad(name, "must be an integer")
-        if not self.temperature >= 0:
-            bad("temperature", "must be >= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if self.top_k < 0:
-            bad("top_k", "must be >= 0 (0 disables top-k)")
+        t = self.temperature
+        if t < 0 or (t != 0 and not MIN_TEMPERATURE <= _f32(t) <= MAX_TEMPERATURE):
+            bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]")
+        if not (0 < self.top_p <= 1 and _f32(self.top_p) > 0):
+            bad("top_p", "must be in (0, 1] and representable as a positive float32 (>= 1e-38)")
+        if not 0 <= self.top_k <= INT64_MAX:
+            bad("top_k", "must be >= 0 (0 disables top-k) and at most the vocabulary size")
         if not 0 <= self.min_p < 1:
             bad("min_p", "must be in [0, 1)")
-        if self.max_tokens < 1:
+        if not 1 <= self.max_tokens <= INT64_MAX:
             bad("max_tokens", "must be >= 1")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad("seed", "must be an integer or None")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                bad("seed", "must be an integer or None")
+            if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+                bad("seed", "must be in [-2^63, 2^64)")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:
-            if not all(isinstance(s, str) and s for s in self.stop):
+            if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
                 bad("stop", "must be a non-empty string or a list of non-empty strings")
         if self.stop_token_ids is not None:
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            if not isinstance(self.stop_token_ids, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
                 bad("stop_token_ids", "must be a list of non-negative token ids")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _short(v) -> str:
+    """repr(v), cut so that a huge value is not echoed back whole."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."

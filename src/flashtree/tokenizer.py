@@ -1,6 +1,11 @@
 """Tokenizer: `tokenizer.json` through the `tokenizers` library, the chat template from
 `tokenizer_config.json` rendered with jinja2 the way transformers renders it, and eos ids from
-config.json / generation_config.json / the tokenizer's eos token. No model code here."""
+config.json / generation_config.json / the tokenizer's eos token. No model code here.
+
+Special tokens typed by a user are text: `encode(text, special=False)` and `encode_chat` turn
+'<|endoftext|>' in user content into ordinary tokens, while the chat template's own special
+tokens stay special. The HTTP server uses these; a client that wants special tokens in a prompt
+sends token ids."""
 from __future__ import annotations
 
 import json
@@ -49,12 +54,47 @@ class Tokenizer:
         self.eos_token_ids: list[int] = sorted(eos)
         self.vocab_size = self.tk.get_vocab_size()
         self._template = None
+        self._plain = HFTokenizer.from_file(str(tj))  # the same tokenizer, special tokens as text
+        self._plain.encode_special_tokens = True
+        # byte-level BPE covers every byte with a token of at most this many bytes, so a text of
+        # b bytes has at least b / max_bytes_per_token tokens (a length check before tokenising)
+        byte_level = "ByteLevel" in repr(self.tk.pre_tokenizer)
+        self.max_bytes_per_token: int | None = (
+            max(len(t.encode()) for t in self.tk.get_vocab(with_added_tokens=True)) if byte_level else None)
 
-    def encode(self, text: str) -> list[int]:
-        ids = self.tk.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of text; special=False encodes special-token strings as plain text."""
+        ids = (self.tk if special else self._plain).encode(text, add_special_tokens=False).ids
         if self.add_bos:
             ids = [self.tk.token_to_id(self.bos_token)] + ids
         return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) computed without tokenising (0 if unknown)."""
+        if self.max_bytes_per_token is None:
+            return 0
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_bytes_per_token)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The rendered chat template's ids, with the messages' contents encoded as plain text
+        (a user cannot inject the template's special tokens)."""
+        text = self.apply_chat_template(messages)
+        specials = [t for t in self.tk.get_added_tokens_decoder().values() if t.special]
+        if not any(t.content in m["content"] for t in specials for m in messages):
+            return self.encode(text)  # nothing to escape (the common case)
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        marked = self.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)])
+        ids, rest = [], marked
+        if self.add_bos:
+            ids.append(self.tk.token_to_id(self.bos_token))
+        for m, k in zip(messages, marks):
+            head, sep, rest = rest.partition(k)
+            if not sep:
+                raise ValueError("a message contains a special token, and this chat template does not pass "
+                                 "message contents through verbatim; send token ids to /v1/completions instead")
+            ids += self.tk.encode(head, add_special_tokens=False).ids if head else []
+            ids += self._plain.encode(m["content"], add_special_tokens=False).ids
+        return ids + (self.tk.encode(rest, add_special_tokens=False).ids if rest else [])
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)

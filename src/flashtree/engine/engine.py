@@ -8,6 +8,7 @@ policy beyond FIFO admission live elsewhere.
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import deque
@@ -25,6 +26,8 @@ from ..spec.verify import VerifyOutput, verify_tree
 from .round import DraftOutput, VerifyInput, context_mask, pack_trees
 from .sequence import METHODS, Sequence
 
+log = logging.getLogger("flashtree.engine")
+
 MAX_BUDGET = 512
 DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between runs; 16 has the higher tau (benchmarks/cpu)
 
@@ -38,6 +41,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the target's max_position_embeddings
     max_queue: int = 1024
     max_budget: int = 256            # the largest per-request ddtree budget (sizes the cache slack)
+    max_consecutive_failures: int = 8  # sequences failing in a row (none committing) = a broken engine
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -56,6 +60,18 @@ class StepEvent:
 
 class QueueFullError(RuntimeError):
     pass
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run; `param` names the offending parameter (for HTTP 400s)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class EngineFailure(RuntimeError):
+    """The engine is no longer usable (not one request's fault): its owner should stop it."""
 
 
 class Engine:
@@ -100,26 +116,29 @@ class Engine:
         self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
+        self.consecutive_failures = 0  # sequences failed since the last commit
 
     # ---------------------------------------------------------------- requests
     def _check_method(self, method: str) -> None:
         if method not in METHODS:
-            raise ValueError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}")
+            raise RequestError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}",
+                               "speculative")
         if method != "ar" and self.drafter is None:
-            raise ValueError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use method='ar'")
+            raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use method='ar'",
+                               "speculative")
 
     def _check_block_size(self, block_size: int | None) -> int:
         if block_size is None:
             return self.drafter_block_size
         if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= self.drafter_block_size:
-            raise ValueError(f"block_size must be an integer in [2, {self.drafter_block_size}] "
-                             f"(the drafter was trained with block_size {self.drafter_block_size}), got {block_size}")
+            raise RequestError(f"block_size must be an integer in [2, {self.drafter_block_size}] (the drafter "
+                               f"was trained with block_size {self.drafter_block_size}), got {block_size}", "speculative")
         return block_size
 
     def _check_budget(self, budget: int) -> int:
         hi = self.config.max_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= hi:
-            raise ValueError(f"budget must be an integer in [1, {hi}], got {budget}")
+            raise RequestError(f"budget must be an integer in [1, {hi}], got {budget}", "speculative")
         return budget
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
@@ -127,13 +146,16 @@ class Engine:
         method = method or self.config.method
         self._check_method(method)
         if not prompt_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
+            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         V = self.target.config.vocab_size
         if any(not 0 <= t < V for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {V})")
+            raise RequestError(f"prompt token ids must be in [0, {V})", "prompt")
         if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context limit is "
-                             f"{self.max_model_len} (prompt + at least one generated token)")
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context limit is "
+                               f"{self.max_model_len} (prompt + at least one generated token)", "prompt")
+        if params.top_k > V:
+            raise RequestError(f"top_k must be at most the vocabulary size {V} (0 disables top-k), "
+                               f"got {params.top_k}", "top_k")
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
         if method == "ar":
@@ -154,7 +176,7 @@ class Engine:
         if not params.ignore_eos:
             stop_ids.update(self.eos_token_ids)
         if params.stop and self.decode is None:
-            raise ValueError("stop strings need a tokenizer")
+            raise RequestError("stop strings need a tokenizer", "stop")
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
                        block_size=bs, budget=bud, generator=gen, stop_ids=frozenset(stop_ids))
         seq.metrics.prompt_tokens = len(prompt_ids)
@@ -177,22 +199,58 @@ class Engine:
     # ---------------------------------------------------------------- the round
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
-        """Admit and prefill newcomers, then one draft -> tree -> verify -> commit round."""
+        """Admit and prefill newcomers, then one draft -> tree -> verify -> commit round.
+
+        A failure while preparing, prefilling or sampling fails only the sequences it belongs to
+        (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         self.round_times = {}
         self._admit()
         batch = [s for s in self.running if not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
-            drafts = self._timed("draft", self._draft, batch)
-            trees = self._timed("tree", lambda: [self._tree(s, drafts.get(s)) for s in batch])
-            vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
-            logits, feats = self._timed("verify_forward", self._forward, batch, vin)
-            vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-            self._timed("commit", self._commit, batch, trees, vin, vout, feats)
+            for part, (trees, vin, vout, feats) in self._isolated(self._round, batch):
+                self._timed("commit", self._commit, part, trees, vin, vout, feats)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
                     entry["times"] = dict(self.round_times)
         return self._collect()
+
+    def _round(self, batch: list[Sequence]):
+        """Everything of a round before the commit; touches no sequence state, so it can be rerun."""
+        drafts = self._timed("draft", self._draft, batch)
+        trees = self._timed("tree", lambda: [self._tree(s, drafts.get(s)) for s in batch])
+        vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
+        logits, feats = self._timed("verify_forward", self._forward, batch, vin)
+        vout = self._timed("verify_walk", self._verify, batch, vin, logits)
+        for s in drafts:
+            s.pending = None  # now in the drafter's context cache
+        return trees, vin, vout, feats
+
+    def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
+        """fn(seqs), or, if that raises, fn([s]) for each s alone: a sequence that fails alone is
+        finished with "error" and the others go on. Returns [(the seqs, fn's result)]."""
+        try:
+            return [(seqs, fn(seqs))]
+        except Exception as e:  # noqa: BLE001 -- isolate, then judge below
+            if len(seqs) == 1:
+                self._fail(seqs[0], e)
+                return []
+        out = []
+        for s in seqs:
+            try:
+                out.append(([s], fn([s])))
+            except Exception as e:  # noqa: BLE001
+                self._fail(s, e)
+        return out
+
+    def _fail(self, s: Sequence, e: BaseException | str) -> None:
+        """Finish one sequence with "error"; too many in a row without a commit = a broken engine."""
+        s.error = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        s.finish_reason = "error"
+        log.error("request %d failed: %s", s.req_id, s.error)
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.config.max_consecutive_failures:
+            raise EngineFailure(f"{self.consecutive_failures} requests failed in a row; last: {s.error}")
 
     def _timed(self, name, fn, *args):
         t0 = time.perf_counter()
@@ -209,8 +267,8 @@ class Engine:
             seq.slot = self.cache.allocate()
             new.append(seq)
         if new:
-            self._timed("prefill", self._prefill, new)
-            self.running.extend(new)
+            self.running.extend(new)  # before prefilling: a sequence that fails is released from here
+            self._timed("prefill", self._isolated, self._prefill, new)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         lens = [len(s.prompt_ids) for s in seqs]
@@ -232,6 +290,9 @@ class Engine:
             if self.drafter is not None and s.method != "ar":
                 s.pending = feats[b, :lens[b]]
         for s, tok in zip(seqs, first.tolist()):
+            if not 0 <= tok < self.target.config.vocab_size:  # the sampler's "no valid token" sentinel
+                self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
+                continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             self._emit(s, [tok])
 
@@ -255,7 +316,6 @@ class Engine:
                 ctx[b, :n] = s.pending
                 ctx_pos[b, :n] = torch.arange(s.length - n, s.length, device=dev)
                 ctx_rows[b, :n] = ctx_pos[b, :n]
-            s.pending = None
         block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
         block[:, 0] = torch.tensor([s.bonus for s in spec], device=dev)
         block_pos = lengths[:, None] + torch.arange(K, device=dev)      # [B, K]
@@ -322,7 +382,12 @@ class Engine:
         accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
         bonus = vout.bonus.cpu().tolist()
         slots, src, dst = [], [], []
+        V = self.target.config.vocab_size
         for b, s in enumerate(batch):
+            if not 0 <= bonus[b] < V:  # the sampler's "no valid token" sentinel: fail, commit nothing
+                self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
+                continue
+            self.consecutive_failures = 0
             path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path
             for j, i in enumerate(path):
                 slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)

@@ -52,7 +52,8 @@ class Sequence:
     slot: int = -1
     length: int = 0                   # tokens in the target KV cache (= committed - 1: bonus is not)
     pending: torch.Tensor | None = None  # [n, F] target features of tokens not yet in the drafter cache
-    finish_reason: str | None = None  # None while running; "stop" | "length" | "abort"
+    finish_reason: str | None = None  # None while running; "stop" | "length" | "abort" | "error"
+    error: str | None = None          # why it failed, when finish_reason == "error"
     text_end: int | None = None       # where a stop string cut the text
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     t_start: float = field(default_factory=time.perf_counter)

@@ -4,7 +4,15 @@ Routes: POST /v1/chat/completions and /v1/completions (JSON or SSE stream), GET 
 /health and /metrics. A handler validates the request, tokenises it, hands its choices to the
 engine loop (async_engine.py) and turns the loop's updates into OpenAI responses or stream
 chunks. Every error is OpenAI error JSON; a client that disconnects has its requests aborted.
-The wire schemas are protocol.py; decoding is the engine's.
+The wire schemas are protocol.py; decoding is the engine's; limits are limits.py.
+
+Defences (each a decision, each tested): bodies over the limit get 413 before parsing; only JSON
+bodies are read (a web page cannot drive the server with a text/plain or form POST); on a
+loopback bind only loopback Host headers are served (DNS rebinding); with an API key everything
+but /health needs it (scheme matched case-insensitively); prompts are length-checked before
+tokenising and tokenised off the event loop; a request's total work and the queue are bounded
+(503 + Retry-After); connections must send headers and body in time; SIGTERM drains with a
+deadline (`Server`); a broken engine makes /health 503 and the process exit non-zero.
 """
 from __future__ import annotations
 
@@ -22,8 +30,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.engine import QueueFullError
-from .async_engine import AsyncEngine, Channel, Submission, TextDelta, Update
+import signal
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..engine.engine import QueueFullError, RequestError
+from ..errors import UserError
+from .async_engine import AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
+from .limits import ServerLimits
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                        ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion, CompletionChoice,
@@ -35,37 +50,85 @@ log = logging.getLogger("flashtree.server")
 class OpenAIServer:
     """The state behind the routes: the model, its engine loop, metrics and settings."""
 
-    def __init__(self, llm, model_name: str, api_key: str | None = None):
+    def __init__(self, llm, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None,
+                 allowed_hosts: list[str] | None = None, on_fatal=None):
         self.llm, self.model_name, self.api_key = llm, model_name, api_key
         self.tokenizer, self.max_model_len = llm.tokenizer, llm.engine.max_model_len
+        self.limits = (limits or ServerLimits()).resolved(self.max_model_len)
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.metrics = ServerMetrics(max_block_size=max(llm.engine.drafter_block_size, 1))
-        self.engine = AsyncEngine(llm, self.metrics)
+        self.engine = AsyncEngine(llm, self.metrics, self.limits, on_fatal)
         self.created = int(time.time())
 
     # ---------------------------------------------------------------- request -> submission
     def check_auth(self, request: Request) -> None:
         if self.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+        if not ok:
             raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key", type="authentication_error")
 
+    def check_host(self, request: Request) -> None:
+        """Serve only the Host names allowed (loopback names on a loopback bind): a web page on
+        another origin that rebinds its DNS name to 127.0.0.1 is refused."""
+        if self.allowed_hosts is None:
+            return
+        host = request.headers.get("host", "")
+        name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+        if name.lower() not in self.allowed_hosts:
+            raise APIError(400, f"the Host header {_clip(host)!r} is not served here; allowed: "
+                                f"{', '.join(sorted(self.allowed_hosts))} (flashtree serve --allowed-hosts)",
+                           code="invalid_host")
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+            raise APIError(404, f"the model '{_clip(model)}' does not exist; this server serves '{self.model_name}'",
                            param="model", code="model_not_found")
+
+    async def read_body(self, request: Request) -> bytes:
+        """The JSON body, at most limits.max_body_bytes, received within limits.body_timeout_s."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json" and not ctype.endswith("+json"):
+            raise APIError(415, f"the request body must be JSON: send 'Content-Type: application/json' "
+                                f"(got {_clip(ctype) or 'none'!r})", code="unsupported_media_type")
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted",
+                           code="request_too_large")
+
+        async def receive() -> bytes:
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise APIError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+            return bytes(body)
+        try:
+            return await asyncio.wait_for(receive(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
+                           code="request_timeout") from None
+
+    def check_prompt_size(self, text: str, param: str) -> None:
+        """Refuse a text that cannot fit the context before spending time tokenising it."""
+        if self.tokenizer.min_tokens(text) >= self.max_model_len:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, and the "
+                                f"{param} is {len(text)} characters long (more than that many tokens)",
+                           param=param, code="context_length_exceeded")
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         if not req.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in req.messages]
+        self.check_prompt_size("".join(m["content"] for m in messages), "messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages)
+            return self.tokenizer.encode_chat(messages)
         except Exception as e:  # a template may raise anything (jinja errors, raise_exception)
             raise APIError(400, f"the chat template could not render these messages: {e}", param="messages") from None
-        return self.tokenizer.encode(text)
 
     def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         prompts = req.prompts()
@@ -76,7 +139,9 @@ class OpenAIServer:
         for p in prompts:
             if isinstance(p, list) and any(not 0 <= t < V for t in p):
                 raise APIError(400, f"prompt token ids must be in [0, {V})", param="prompt")
-            out.append(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
+            if isinstance(p, str):
+                self.check_prompt_size(p, "prompt")
+            out.append(self.tokenizer.encode(p, special=False) if isinstance(p, str) else list(p))
         return out
 
     def submission(self, req, prompts: list[list[int]], prompt_param: str) -> Submission:
@@ -99,6 +164,11 @@ class OpenAIServer:
                 raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; the "
                                     f"prompt has {len(ids)} and {param} asks for {wanted} more (at most {room})",
                                param=param, code="context_length_exceeded")
+        work = sum(len(p) + sp.max_tokens for p, sp in zip(sub.prompts, sub.params))
+        if work > self.limits.max_request_tokens:
+            raise APIError(400, f"this request asks for {work} tokens of work (n x (prompt + max_tokens)); at most "
+                                f"{self.limits.max_request_tokens} are allowed per request: lower n or max_tokens",
+                           param="n" if req.choices > 1 else "max_tokens", code="request_too_large")
         if req.speculative is not None:
             sub.method, sub.budget, sub.block_size = (req.speculative.method, req.speculative.budget,
                                                       req.speculative.block_size)
@@ -111,9 +181,11 @@ class OpenAIServer:
             return await self.engine.submit(sub)
         except QueueFullError as e:
             raise APIError(503, f"the server is busy: {e}; retry later", code="queue_full",
-                           type="server_overloaded") from None
-        except ValueError as e:  # the engine's checks of method / budget / block_size
-            raise APIError(400, str(e), param="speculative") from None
+                           type="server_overloaded", retry_after=self.limits.retry_after_s) from None
+        except ShuttingDown as e:
+            raise APIError(503, str(e), code="shutting_down", type="server_overloaded") from None
+        except RequestError as e:  # the engine's checks (method, budget, block_size, top_k, prompt)
+            raise APIError(400, str(e), param=e.param) from None
 
     # ---------------------------------------------------------------- engine updates -> responses
     async def collect(self, request: Request, channel: Channel, n: int) -> list[Update] | None:
@@ -129,13 +201,13 @@ class OpenAIServer:
         waiter = asyncio.ensure_future(finals())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
             if not waiter.done():
                 waiter.cancel()
                 self.engine.abort(channel)
-        return waiter.result() if not waiter.cancelled() else None
+        return waiter.result() if waiter in done else None
 
     async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: "_Format", usage_of):
         """SSE events: per-choice text deltas, finish reasons, optional usage, then [DONE]."""
@@ -147,8 +219,8 @@ class OpenAIServer:
                     yield _sse(head)
             while None in finals:
                 u = await channel.get()
-                if u.finish_reason == "error":
-                    yield _sse_json(APIError(500, "the engine failed while generating; see the server log").body())
+                if u.finish_reason in ("error", "timeout"):
+                    yield _sse_json(_early_end(u).body())
                     return
                 done = u.finish_reason is not None
                 text = deltas[u.index].push(u.text, done)
@@ -165,12 +237,12 @@ class OpenAIServer:
 
     async def serve(self, request: Request, kind: str):
         cls = ChatCompletionRequest if kind == "chat" else CompletionRequest
-        req = parse_request(cls, await request.body())
+        req = parse_request(cls, await self.read_body(request))
         self.check_model(req.model)
-        if kind == "chat":
-            prompts, param = [self.chat_prompt(req)], "messages"
+        if kind == "chat":  # tokenising is CPU work: off the event loop
+            prompts, param = [await asyncio.to_thread(self.chat_prompt, req)], "messages"
         else:
-            prompts, param = self.completion_prompts(req), "prompt"
+            prompts, param = await asyncio.to_thread(self.completion_prompts, req), "prompt"
         sub = self.submission(req, prompts, param)
         fmt = _Format(kind, self.model_name)
         channel = await self.submit(sub)
@@ -184,9 +256,11 @@ class OpenAIServer:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finals = await self.collect(request, channel, n)
         if finals is None:
+            self.metrics.rejected.labels("499").inc()
             return Response(status_code=499)  # nobody is listening
-        if any(u.finish_reason == "error" for u in finals):
-            raise APIError(500, "the engine failed while generating; see the server log")
+        for u in finals:
+            if u.finish_reason in ("error", "timeout") or (u.finish_reason == "abort" and u.error):
+                raise _early_end(u)
         return JSONResponse(fmt.response(finals, usage_of(finals)).model_dump())
 
 
@@ -243,6 +317,22 @@ def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
                  total_tokens=prompt_tokens + completion, spec=spec)
 
 
+def _early_end(u: Update) -> APIError:
+    """The error answered for a choice that ended without finishing."""
+    if u.finish_reason == "timeout":
+        return APIError(503, f"the server is busy: {u.error}; retry later", code="queue_timeout",
+                        type="server_overloaded", retry_after=2)
+    if u.finish_reason == "abort":
+        return APIError(503, u.error or "the request was aborted", code="shutting_down", type="server_overloaded")
+    return APIError(500, f"this request failed in the engine ({u.error or 'see the server log'}); other requests "
+                         "are not affected", code="engine_error")
+
+
+def _clip(text: str, n: int = 64) -> str:
+    """A client-supplied string, cut so that errors never echo a huge value back."""
+    return text if len(text) <= n else text[:n] + f"... ({len(text)} characters)"
+
+
 def _sse(model) -> str:
     return f"data: {model.model_dump_json()}\n\n"
 
@@ -257,9 +347,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def create_app(llm, model_name: str = "flashtree", api_key: str | None = None) -> FastAPI:
-    """A FastAPI app serving `llm`; its engine loop runs while the app's lifespan is active."""
-    server = OpenAIServer(llm, model_name, api_key)
+def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
+               limits: ServerLimits | None = None, allowed_hosts: list[str] | None = None,
+               on_fatal=None) -> FastAPI:
+    """A FastAPI app serving `llm`; its engine loop runs while the app's lifespan is active.
+
+    allowed_hosts: Host names served (None: any); on_fatal: called from the engine thread if the
+    engine breaks for good (the CLI stops the process with a non-zero exit)."""
+    server = OpenAIServer(llm, model_name, api_key, limits, allowed_hosts, on_fatal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -269,12 +364,22 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None) -
 
     app = FastAPI(title="flashtree", lifespan=lifespan)
     app.state.server = server
-    auth = [Depends(server.check_auth)]
 
     def error(e: APIError) -> JSONResponse:
         server.metrics.rejected.labels(str(e.status)).inc()
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else {}
+        return JSONResponse(e.body(), status_code=e.status, headers={**headers, **e.headers})
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next):
+        """Host check, then the API key on everything but /health."""
+        try:
+            server.check_host(request)
+            if request.url.path != "/health":
+                server.check_auth(request)
+        except APIError as e:
+            return error(e)
+        return await call_next(request)
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
@@ -288,26 +393,28 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None) -
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e: StarletteHTTPException):
-        return error(APIError(e.status_code, str(e.detail), code=str(e.status_code)))
+        return error(APIError(e.status_code, str(e.detail), code=str(e.status_code), headers=e.headers))
 
     @app.exception_handler(Exception)
     async def _internal_error(request, e: Exception):
         log.exception("unhandled error")
         return error(APIError(500, f"internal server error: {type(e).__name__}: {e}"))
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    body = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+
+    @app.post("/v1/chat/completions", openapi_extra={"requestBody": body})
     async def chat_completions(request: Request):
         return await server.serve(request, "chat")
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions", openapi_extra={"requestBody": body})
     async def completions(request: Request):
         return await server.serve(request, "text")
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models():
         return ModelList(data=[_card(server)]).model_dump()
 
-    @app.get("/v1/models/{model_id:path}", dependencies=auth)
+    @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         server.check_model(model_id)
         return _card(server).model_dump()
@@ -315,7 +422,10 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None) -
     @app.get("/health")
     async def health():
         if not server.engine.alive:
-            return error(APIError(503, "the engine loop is not running", code="engine_dead"))
+            why = f": {server.engine.failure}" if server.engine.failure else ""
+            return error(APIError(503, f"the engine loop is not running{why}", code="engine_dead"))
+        if server.engine.draining:
+            return error(APIError(503, "the server is shutting down", code="shutting_down"))
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -325,39 +435,120 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None) -
     return app
 
 
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that has not sent a request's headers within
+    `header_timeout` seconds of connecting or of its previous response (slowloris)."""
+    header_timeout = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def _arm(self) -> None:
+        self.responses = getattr(self, "responses", -1) + 1  # responses completed on this connection
+        self.loop.call_later(self.header_timeout, self._expire, self.responses)
+
+    def _expire(self, armed_at: int) -> None:
+        idle = self.cycle is None or self.cycle.response_complete  # no request in progress
+        if idle and self.responses == armed_at and not self.transport.is_closing():
+            self.transport.close()
+
+
+class Server(uvicorn.Server):
+    """uvicorn with flashtree's shutdown: the first SIGTERM/SIGINT stops admission and gives running
+    requests `shutdown_timeout_s` to finish (then they end with a final chunk); a second one exits now."""
+
+    def __init__(self, config: uvicorn.Config, app_server: OpenAIServer):
+        super().__init__(config)
+        self.app_server = app_server
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.should_exit:
+            self.force_exit = True
+            return
+        log.info("received %s: no new requests; running ones get %.0f s", signal.Signals(sig).name,
+                 self.app_server.limits.shutdown_timeout_s)
+        self.app_server.engine.drain(self.app_server.limits.shutdown_timeout_s)
+        super().handle_exit(sig, frame)
+
+
 def _card(server: OpenAIServer) -> ModelCard:
     return ModelCard(id=server.model_name, created=server.created, max_model_len=server.max_model_len)
 
 
 # -------------------------------------------------------------------- CLI
+LOOPBACK_NAMES = ["localhost", "127.0.0.1", "::1"]
+
+
 def add_arguments(p) -> None:
     from ..commands.generate import add_model_arguments
     add_model_arguments(p)
+    d = ServerLimits()
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--api-key", default=os.environ.get("FLASHTREE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $FLASHTREE_API_KEY, else none)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on everything but /health (default: "
+                        "$FLASHTREE_API_KEY, else none); prefer the variable: arguments are visible in ps")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host names served (default: loopback names on a loopback bind, else any)")
     p.add_argument("--max-batch-size", type=int, default=8, help="requests per round (KV cache slots; default 8)")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 503 (default 1024)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    p.add_argument("--max-body-size", type=int, default=d.max_body_bytes,
+                   help=f"largest request body in bytes, else 413 (default {d.max_body_bytes})")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help="most n x (prompt + max_tokens) per request, else 400 (default: 8 x the context)")
+    p.add_argument("--max-queued-tokens", type=int, default=None,
+                   help="most prompt + max_tokens summed over waiting requests, else 503 (default: 64 x the context)")
+    p.add_argument("--queue-timeout", type=float, default=d.queue_timeout_s,
+                   help=f"seconds a request may wait for a slot, else 503 (default {d.queue_timeout_s:g})")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                   help=f"seconds a connection has to send its request headers (default {d.header_timeout_s:g})")
+    p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
+                   help=f"on SIGTERM, seconds running requests get before they are ended (default {d.shutdown_timeout_s:g})")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the --model directory name, or 'flashtree')")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def run(args) -> int:
-    import uvicorn
-
+    """`flashtree serve`. Returns 0 after a clean shutdown, 1 if the engine broke."""
     from ..commands.generate import load_llm
     if args.max_queue < 1:
-        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+        raise UserError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    limits = ServerLimits(max_body_bytes=args.max_body_size, max_request_tokens=args.max_request_tokens,
+                          max_queued_tokens=args.max_queued_tokens, queue_timeout_s=args.queue_timeout,
+                          header_timeout_s=args.header_timeout, shutdown_timeout_s=args.shutdown_timeout)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = args.api_key or os.environ.get("FLASHTREE_API_KEY") or None
+    if args.api_key:
+        log.warning("--api-key is visible to every user of this machine (ps); set FLASHTREE_API_KEY instead")
+    if args.allowed_hosts:
+        allowed = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
+    else:
+        allowed = LOOPBACK_NAMES + [args.host] if args.host in LOOPBACK_NAMES else None
     llm = load_llm(args, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
                    max_queue=args.max_queue)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "flashtree")
-    app = create_app(llm, model_name=name, api_key=args.api_key or None)
+    exit_code = 0
+
+    def on_fatal():  # engine thread: stop serving; a supervisor restarts the process
+        nonlocal exit_code
+        exit_code = 1
+        server.should_exit = True
+    app = create_app(llm, model_name=name, api_key=api_key, limits=limits, allowed_hosts=allowed, on_fatal=on_fatal)
+    protocol = type("Protocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
+                            timeout_graceful_shutdown=limits.shutdown_timeout_s + 5)
+    server = Server(config, app.state.server)
     log.info("serving '%s' (%s) on http://%s:%d", name, args.method, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    server.run()
+    if exit_code:
+        log.critical("exiting with status 1: %s", app.state.server.engine.failure)
+    return exit_code

@@ -20,8 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..engine.engine import QueueFullError
 from ..engine.sequence import RequestMetrics, Sequence
 from ..sampling_params import SamplingParams
+from .limits import ServerLimits
 from .metrics import ServerMetrics
 
 log = logging.getLogger("flashtree.server")
@@ -32,9 +34,10 @@ class Update:
     index: int                 # choice index within its HTTP request
     text: str                  # the choice's full text so far (stop ids and stop strings applied)
     num_tokens: int            # completion tokens so far
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error" | "timeout"
     metrics: RequestMetrics | None = None  # the finished request's metrics
     block_size: int = 1
+    error: str | None = None   # why a choice ended early ("error", "timeout", "abort" at shutdown)
 
 
 class TextDelta:
@@ -107,9 +110,17 @@ class Submission:
     channel: Channel | None = field(default=None, repr=False)
 
 
+class ShuttingDown(RuntimeError):
+    """The server is draining for shutdown and admits no new requests."""
+
+
 class AsyncEngine:
-    def __init__(self, llm, metrics: ServerMetrics):
+    def __init__(self, llm, metrics: ServerMetrics, limits: ServerLimits | None = None, on_fatal=None):
         self.llm, self.engine, self.metrics = llm, llm.engine, metrics
+        self.limits = limits or ServerLimits()
+        self.on_fatal = on_fatal        # called (from the loop thread) when the engine breaks for good
+        self.failure: str | None = None  # why the loop stopped, if it broke
+        self.draining = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[Sequence, _Live] = {}
         self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
@@ -125,12 +136,24 @@ class AsyncEngine:
             self._inbox.put(("stop",))
             self._thread.join(timeout)
 
+    def drain(self, grace_s: float) -> None:
+        """Stop admitting; requests still running after grace_s end with finish_reason "abort"."""
+        if self.draining:
+            return
+        self.draining = True
+        timer = threading.Timer(grace_s, lambda: self._inbox.put(("expire",)))
+        timer.daemon = True
+        timer.start()
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     async def submit(self, sub: Submission) -> Channel:
-        """Queue the choices of one request; raises the engine's ValueError / QueueFullError."""
+        """Queue the choices of one request; raises the engine's RequestError / QueueFullError,
+        or ShuttingDown."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
         sub.channel = Channel(asyncio.get_running_loop())
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(("add", sub, fut))
@@ -150,19 +173,41 @@ class AsyncEngine:
         while True:
             for cmd in self._commands():
                 if cmd[0] == "stop":
-                    self._abort_all("abort")
+                    self._abort_all("abort", "the server is shutting down")
                     return
                 try:
                     self._handle(cmd)
                 except Exception:
                     log.exception("engine loop: command %s failed", cmd[0])
+            self._expire_waiting()
             if self.engine.has_work():
                 try:
                     self._publish(self.engine.step())
-                except Exception:
-                    log.exception("engine step failed; aborting all requests")
-                    self._abort_all("error")
+                except Exception as e:  # the engine isolates request failures: this one is its own
+                    self._die(e)
+                    return
             self._gauges()
+
+    def _die(self, e: Exception) -> None:
+        """The engine broke for good: end every request with an error, stop, tell the owner."""
+        self.failure = f"{type(e).__name__}: {e}"
+        log.critical("the engine failed and cannot continue (%s); ending all requests", self.failure,
+                     exc_info=e)
+        self._abort_all("error", "the engine failed; the server is stopping")
+        self._gauges()
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    def _expire_waiting(self) -> None:
+        """Requests that waited longer than the queue timeout end with "timeout" (HTTP 503)."""
+        limit = self.limits.queue_timeout_s
+        if not self.engine.waiting or limit is None:
+            return
+        now = time.perf_counter()
+        for seq in [s for s in self.engine.waiting if now - s.t_start > limit]:
+            if seq in self._live:
+                self.engine.abort(seq)
+                self._finish(seq, "timeout", f"the request waited more than {limit:g} s for a free slot")
 
     def _commands(self):
         """The pending commands; waits for one only when the engine has nothing to run."""
@@ -188,9 +233,20 @@ class AsyncEngine:
                 if seq in self._live:
                     self.engine.abort(seq)
                     self._finish(seq, "abort")
+        elif cmd[0] == "expire":  # the shutdown grace period is over
+            self._abort_all("abort", "the server is shutting down")
 
     def _add(self, sub: Submission) -> None:
         ch = sub.channel
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
+        cap = self.limits.max_queued_tokens
+        if cap is not None:
+            queued = sum(_cost(s) for s in self.engine.waiting)
+            new = sum(len(p) + sp.max_tokens for p, sp in zip(sub.prompts, sub.params))
+            if queued and queued + new > cap:
+                raise QueueFullError(f"{queued} tokens of requests are queued and this one adds {new} "
+                                     f"(the queue holds {cap})")
         try:
             for prompt, params in zip(sub.prompts, sub.params):
                 seq = self.engine.add_request(prompt, params, method=sub.method, budget=sub.budget,
@@ -225,11 +281,11 @@ class AsyncEngine:
                 self.metrics.record_tokens(live.first, len(ev.new_ids), now - live.t_last)
                 live.t_last, live.first = now, False
             if ev.seq.finished:
-                self._finish(ev.seq, ev.seq.finish_reason)
+                self._finish(ev.seq, ev.seq.finish_reason, ev.seq.error)
             else:
                 live.channel.put(Update(live.index, self.llm.text_of(ev.seq), len(ev.seq.output_ids), None))
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         live = self._live.pop(seq)
         m = seq.metrics
         if not m.elapsed_s:
@@ -241,18 +297,23 @@ class AsyncEngine:
                  m.completion_tokens, m.elapsed_s, m.completion_tokens / max(m.elapsed_s, 1e-9),
                  m.mean_accept_length, m.rounds)
         text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
-        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size))
+        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error))
 
-    def _abort_all(self, reason: str) -> None:
+    def _abort_all(self, reason: str, error: str | None = None) -> None:
         for seq in list(self._live):
             try:
                 self.engine.abort(seq)
             except Exception:  # a broken engine must not keep requests waiting forever
                 log.exception("abort of request %d failed", seq.req_id)
-            self._finish(seq, reason)
+            self._finish(seq, reason, error)
 
     def _gauges(self) -> None:
         m, e = self.metrics, self.engine
         m.queue_depth.set(len(e.waiting))
         m.running.set(len(e.running))
         m.kv_slots_used.set(e.cache.num_slots - e.cache.free_slots)
+
+
+def _cost(seq: Sequence) -> int:
+    """The tokens a waiting sequence will put through the engine at most."""
+    return len(seq.prompt_ids) + seq.params.max_tokens

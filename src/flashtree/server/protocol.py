@@ -23,10 +23,13 @@ class APIError(Exception):
     """An error answered as OpenAI error JSON: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, retry_after: int | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = dict(headers or {})
+        if retry_after is not None:
+            self.headers["Retry-After"] = str(retry_after)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -123,6 +126,8 @@ class _Sampling(_Strict):
     def sampling_params(self, choice: int, max_tokens: int) -> SamplingParams:
         """Parameters for the choice-th sample; a seeded request gives choice i the seed seed+i."""
         seed = None if self.seed is None else self.seed + choice
+        if seed is not None and seed >= 2**64 and self.seed < 2**64:  # choice i of seed 2^64-1 wraps
+            seed -= 2**64
         try:
             return SamplingParams(
                 temperature=1.0 if self.temperature is None else self.temperature,
