@@ -15,8 +15,13 @@ BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_lay
             rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def make_hf_target(path: Path, model_type: str = "qwen3", seed: int = 0, **over) -> Path:
-    """Save a random transformers model (float32) with `save_pretrained` and return its dir."""
+def make_hf_target(path: Path, model_type: str = "qwen3", seed: int = 0, random_vectors: bool = True,
+                   **over) -> Path:
+    """Save a random transformers model (float32) with `save_pretrained` and return its dir.
+
+    Every bias and every RMSNorm weight (layer norms, qwen3 q_norm/k_norm, the final norm) is
+    random too (`random_vectors`): at HF's init (zeros / ones) a dropped bias or a misapplied
+    norm weight would leave the logits unchanged and parity tests could not see it."""
     import transformers
     cfg_cls = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
                "qwen2": transformers.Qwen2Config}[model_type]
@@ -32,6 +37,10 @@ def make_hf_target(path: Path, model_type: str = "qwen3", seed: int = 0, **over)
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.2 if "embed" in name or "lm_head" in name else 0.08)
+            elif random_vectors and name.endswith(".bias"):
+                p.normal_(0, 0.2)
+            elif random_vectors and "norm" in name:
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
     return path
 

@@ -1,4 +1,6 @@
 """Target models vs transformers on the same weights; tree masks; KV compaction."""
+import math
+
 import pytest
 import torch
 
@@ -11,12 +13,16 @@ from flashtree.spec.tree import DraftTree
 
 from helpers import make_hf_target
 
+# llama3 RoPE: head_dim 32 and theta 1e4 give wavelengths 2*pi*1e4**(2i/32) = 6.3, 11.2, 19.9, 35.3,
+# 62.8, 112, ...; with original_max_position_embeddings 64, low_freq_factor 1 and high_freq_factor 4
+# two of them are kept (< 16), three are smoothed (16..64) and eleven are divided by the factor.
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
 CASES = {
     "qwen3": dict(model_type="qwen3", tie_word_embeddings=True),
-    "llama": dict(model_type="llama", num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-                  rope_theta=500000.0),
+    "llama": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  tie_word_embeddings=False, attention_bias=True, mlp_bias=True, rope_scaling=LLAMA3,
+                  rope_theta=10000.0, max_position_embeddings=512),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=False),
 }
 
@@ -56,6 +62,42 @@ def test_config_fields(pair):
     assert cfg.tie_word_embeddings == hf.config.tie_word_embeddings
     if cfg.model_type == "llama":
         assert cfg.rope_scaling["rope_type"] == "llama3"
+        assert cfg.attention_bias and cfg.mlp_bias
+
+
+def test_fixture_biases_and_norms_are_random(pair):
+    """At HF's init (biases 0, norm weights 1) parity could not see a dropped bias or norm weight."""
+    _, hf, _ = pair
+    vectors = {n: p for n, p in hf.named_parameters() if p.dim() == 1}
+    biases = [n for n in vectors if n.endswith(".bias")]
+    norms = [n for n in vectors if "norm" in n]
+    expect_bias = {"qwen3": 0, "llama": 7 * 3, "qwen2": 3 * 3}[hf.config.model_type]  # per layer x 3 layers
+    assert len(biases) == expect_bias
+    assert "model.norm.weight" in norms and len(norms) == 1 + 3 * (4 if hf.config.model_type == "qwen3" else 2)
+    for n in biases:
+        assert vectors[n].abs().min() > 0 and vectors[n].std() > 0.05, n
+    for n in norms:
+        assert (vectors[n] - 1).abs().max() > 0.1 and vectors[n].std() > 0.05, n
+
+
+def test_llama3_wavelengths_cross_the_smoothing_band(pair):
+    """The llama3 case must exercise all three branches: kept, smoothed and scaled frequencies."""
+    _, hf, _ = pair
+    if hf.config.model_type != "llama":
+        pytest.skip("llama3 RoPE scaling is the llama case")
+    d, sc = 32, LLAMA3
+    wavelen = 2 * math.pi * 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    old = sc["original_max_position_embeddings"]
+    high = wavelen < old / sc["high_freq_factor"]
+    low = wavelen > old / sc["low_freq_factor"]
+    smoothed = ~high & ~low
+    assert high.sum() == 2 and smoothed.sum() == 3 and low.sum() == 11
+    # transformers' own table agrees that it is neither the plain nor the uniformly scaled one
+    inv = hf.model.rotary_emb.inv_freq.double()
+    plain = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    assert torch.allclose(inv[high], plain[high]) and torch.allclose(inv[low], plain[low] / sc["factor"])
+    mid = inv[smoothed] / plain[smoothed]
+    assert ((mid > 1 / sc["factor"] + 1e-3) & (mid < 1 - 1e-3)).all()
 
 
 def test_prefill_and_decode_logits_match_transformers(pair):
