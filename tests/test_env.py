@@ -7,6 +7,7 @@ import pytest
 from safetensors import safe_open
 
 from flashtree.cli import main
+from flashtree.commands import env
 from helpers import make_drafter
 
 
@@ -29,7 +30,12 @@ def test_env_reports_installation_and_pair(pair, capsys):
     assert r["device"]["selected"] in ("cpu", "cuda") and isinstance(r["device"]["cuda_available"], bool)
     assert r["device"]["dtypes"]["float32"] == {"supported": True, "fast": True, "note": r["device"]["dtypes"]["float32"]["note"]}
     assert set(r["device"]["dtypes"]) == {"float32", "bfloat16", "float16"}
-    assert r["compiled"]["torch_compile"] is False and r["compiled"]["cuda_graphs"] is False
+    c = r["compiled"]
+    assert c["attention"]["runs"]["math"] is True and c["attention"]["head_dim"] == 16  # the target's
+    assert c["attention"]["kernel"] is None or c["attention"]["runs"][c["attention"]["kernel"]]
+    assert c["torch_compile"]["probed"] is False and c["torch_compile"]["works"] is None
+    if r["device"]["selected"] == "cpu":
+        assert c["cuda_graphs"]["works"] is False
     assert all(m["available"] for m in r["methods"].values()) and set(r["methods"]) == {"ar", "dflash", "ddtree"}
     assert r["sampling"]["top_p"]["available"] and r["sampling"]["greedy"]["available"]
     t, d = r["pair"]["target"], r["pair"]["drafter"]
@@ -77,3 +83,44 @@ def test_env_default_pair_and_text(pair, capsys):
     for needle in ("versions", "torch", "device", "compiled paths", "eager PyTorch", "methods",
                    "ddtree             available", "block_size", "target_layer_ids   [0, 2]"):
         assert needle in text, needle
+
+
+def test_env_reports_the_attention_kernel_sdpa_picks(pair, capsys):
+    import inspect
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashtree import LLM
+    c = env_json(capsys, "--model", pair[0], "--device", "cpu")["compiled"]
+    assert c["engine"]["compile_option"] == ("compile" in inspect.signature(LLM).parameters)
+    with sdpa_kernel([SDPBackend.MATH]):  # the probe sees what the engine would get
+        forced = env_json(capsys, "--model", pair[0], "--device", "cpu")["compiled"]["attention"]
+    assert forced["kernel"] in ("math", None) and forced["runs"] == c["attention"]["runs"]
+    if c["attention"]["kernel"] is not None:
+        assert forced["kernel"] == "math"
+
+
+@pytest.mark.parametrize("code, works, why", [
+    ("import sys; sys.exit('inductor is broken here')", False, "inductor is broken here"),
+    ("print('{\"works\": false, \"seconds\": 0.1}')", False, "differs from eager"),
+    ("print('{\"works\": true, \"seconds\": 0.1}')", True, "matched eager"),
+    ("import time; time.sleep(60)", None, "timed out after 1 s"),
+])
+def test_env_compile_probe_runs_contained(code, works, why, monkeypatch, capsys):
+    monkeypatch.setattr(env, "COMPILE_PROBE", code)
+    t = env_json(capsys, "--device", "cpu", "--probe-compile", "--probe-timeout", 1)["compiled"]["torch_compile"]
+    assert t["probed"] is True and t["works"] is works and why in t["why"]
+
+
+@pytest.mark.slow
+def test_env_torch_compile_really_compiles(capsys):
+    t = env_json(capsys, "--device", "cpu", "--probe-compile")["compiled"]["torch_compile"]
+    assert t["works"] is True and t["seconds"] > 0, t
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_env_captures_a_cuda_graph(capsys):
+    c = env_json(capsys, "--device", "cuda")["compiled"]
+    assert c["cuda_graphs"]["works"] is True, c["cuda_graphs"]
+    assert c["attention"]["dtype"] in ("bfloat16", "float16")

@@ -3,12 +3,23 @@ paths, available methods and sampling modes (and why not), and the model pair `L
 
 A pre-flight report in the spirit of `vllm collect-env`: it reads config files and safetensors
 headers but never loads weights or runs a model, and it always exits 0 (a missing pair is
-reported, not raised). `--json` prints the same report as one JSON object.
+reported, not raised). Compiled paths are probed, not stated: the attention kernel is the one
+SDPA picks for the engine's call on this device, CUDA graphs are captured and replayed, and
+`--probe-compile` compiles a tiny function in a subprocess (bounded by `--probe-timeout`).
+`--json` prints the same report as one JSON object.
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
+import os
 import platform
+import shutil
+import signal
+import subprocess
+import sys
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -22,18 +33,27 @@ SAMPLING_MODES = ("greedy", "temperature", "top_k", "top_p", "min_p", "seed", "s
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--probe-compile", action="store_true",
+                   help="compile and run a tiny function with torch.compile (in a subprocess; can take a minute)")
+    p.add_argument("--probe-timeout", type=float, default=180.0,
+                   help="seconds before --probe-compile gives up (default 180)")
 
 
 def run(args) -> int:
-    report = collect(args.model, args.draft, args.device)
+    report = collect(args.model, args.draft, args.device,
+                     compile_timeout=args.probe_timeout if args.probe_compile else None)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
 # ---------------------------------------------------------------------------- collection
-def collect(model: str | None = None, draft: str | None = None, device: str = "auto") -> dict:
-    return {"versions": versions(), "platform": platform_info(), "device": device_info(device),
-            "compiled": compiled_paths(), **model_pair(model, draft)}
+def collect(model: str | None = None, draft: str | None = None, device: str = "auto",
+            compile_timeout: float | None = None) -> dict:
+    """compile_timeout: seconds for the torch.compile probe; None skips it (the slow one)."""
+    pair = model_pair(model, draft)
+    dev = device_info(device)
+    return {"versions": versions(), "platform": platform_info(), "device": dev,
+            "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout), **pair}
 
 
 def versions() -> dict[str, str | None]:
@@ -103,11 +123,133 @@ def dtype_support(dev) -> dict:
             "float16": {"supported": True, "fast": False, "note": "emulated on CPU, slower than float32"}}
 
 
-def compiled_paths() -> dict:
-    """Stated, not probed: the engine runs eager PyTorch everywhere today."""
-    return {"torch_compile": False, "cuda_graphs": False, "custom_kernels": False,
-            "attention": "torch.nn.functional.scaled_dot_product_attention (eager)",
-            "note": "flashtree runs eager PyTorch: no torch.compile, CUDA graphs or custom kernels yet"}
+# ---------------------------------------------------------------------------- compiled paths
+def compiled_paths(device: str | None, target: dict | None = None, compile_timeout: float | None = None) -> dict:
+    """What runs compiled or fused here, each probed on `device` (None: the device did not resolve)."""
+    if device is None:
+        why = "the device did not resolve"
+        return {"engine": engine_compile_option(), "attention": {"kernel": None, "runs": {}, "why": why},
+                "cuda_graphs": {"works": False, "why": why},
+                "torch_compile": {"probed": False, "works": None, "why": why}}
+    return {"engine": engine_compile_option(), "attention": attention_kernel(device, target or {}),
+            "cuda_graphs": cuda_graphs(device), "torch_compile": torch_compile(device, compile_timeout)}
+
+
+def engine_compile_option() -> dict:
+    """Whether this build's LLM() takes compile= at all (read from its signature)."""
+    from ..llm import LLM
+    has = "compile" in inspect.signature(LLM).parameters
+    return {"compile_option": has,
+            "note": "LLM(compile=...) selects the compiled decode path" if has
+            else "LLM() has no compile option in this build: every forward runs eager PyTorch"}
+
+
+SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+
+def attention_kernel(device: str, target: dict) -> dict:
+    """Run the engine's attention call (bool tree mask, GQA, the target's head_dim) on a tiny input:
+    which SDPA kernels can run it, and the one SDPA picks by default."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dev = torch.device(device)
+    dtype = torch.float32 if dev.type != "cuda" else (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    D = target.get("head_dim") or 64
+    H, Hkv = target.get("num_attention_heads") or 4, target.get("num_key_value_heads") or 2
+    q = torch.randn(1, H, 5, D, device=dev, dtype=dtype)                # [B, H, T, D]
+    k, v = (torch.randn(1, Hkv, 9, D, device=dev, dtype=dtype) for _ in range(2))
+    mask = torch.ones(1, 1, 5, 9, dtype=torch.bool, device=dev).tril(4)  # a prefix plus a tree
+    args = dict(attn_mask=mask, enable_gqa=H != Hkv)
+    runs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each refusing kernel warns why
+        for name in SDPA_KERNELS:
+            backend = getattr(SDPBackend, name, None)
+            if backend is None:
+                continue
+            try:
+                with sdpa_kernel([backend]):
+                    F.scaled_dot_product_attention(q, k, v, **args)
+                runs[name.lower()] = True
+            except RuntimeError:
+                runs[name.lower()] = False
+    try:  # the choice SDPA makes under the current settings (a private helper: absent = unknown)
+        kernel = SDPBackend(torch._fused_sdp_choice(q, k, v, **args)).name.lower()
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        kernel = None
+    return {"kernel": kernel, "runs": runs, "dtype": str(dtype).removeprefix("torch."), "head_dim": D}
+
+
+def cuda_graphs(device: str) -> dict:
+    """Capture and replay a one-op CUDA graph on the device."""
+    import torch
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"works": False, "why": f"no CUDA graphs on {dev.type}"}
+    try:
+        x = torch.zeros(8, device=dev)
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            x * 2 + 1  # warm up outside the capture
+        torch.cuda.current_stream(dev).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2 + 1
+        x.fill_(1.0)
+        g.replay()
+        torch.cuda.synchronize(dev)
+        ok = bool((y == 3).all())
+    except Exception as e:  # a driver or capture failure is a finding, not a crash
+        return {"works": False, "why": f"{type(e).__name__}: {e}"}
+    return {"works": ok, "why": "captured and replayed" if ok else "replay gave a wrong result"}
+
+
+COMPILE_PROBE = """
+import json, sys, time, torch
+x = torch.randn(64, device=sys.argv[1])
+t0 = time.perf_counter()
+y = torch.compile(lambda t: torch.sin(t) * 2 + 1)(x)
+ok = torch.allclose(y, torch.sin(x) * 2 + 1)
+print(json.dumps({"works": bool(ok), "seconds": round(time.perf_counter() - t0, 1)}))
+"""
+
+
+def torch_compile(device: str, timeout: float | None) -> dict:
+    """Toolchain torch.compile needs (inductor: a C++ compiler on CPU, triton on CUDA); with a
+    timeout, compile and run a tiny function in a subprocess so a hang or crash stays contained."""
+    import torch
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        tool = "triton" if importlib.util.find_spec("triton") else None
+        missing = "triton is not installed"
+    else:
+        tool = next((shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
+        missing = "no C++ compiler on PATH (g++, c++, clang++ or $CXX)"
+    out = {"probed": timeout is not None, "works": None, "toolchain": tool,
+           "why": missing if tool is None else f"toolchain {tool}; --probe-compile compiles a tiny function"}
+    if timeout is None:
+        return out
+    # its own session, so a timeout also ends inductor's compile workers
+    proc = subprocess.Popen([sys.executable, "-c", COMPILE_PROBE, device], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=os.name == "posix")
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if os.name == "posix":
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        proc.communicate()
+        return {**out, "why": f"timed out after {timeout:g} s"}
+    lines = stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = (stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        return {**out, "works": False, "why": err[:300]}
+    res = json.loads(lines[-1])
+    return {**out, "works": res["works"], "seconds": res["seconds"],
+            "why": "compiled and matched eager" if res["works"] else "compiled output differs from eager"}
 
 
 def model_pair(model: str | None, draft: str | None) -> dict:
@@ -200,7 +342,7 @@ def render(r: dict) -> str:
               for g in d["cuda_devices"]]
     lines += [f"  {k:<18} {'yes' if v['supported'] else 'no'}, {'fast' if v['fast'] else 'slow'} ({v['note']})"
               for k, v in d.get("dtypes", {}).items()]
-    lines += ["compiled paths", f"  {r['compiled']['note']}", f"  attention: {r['compiled']['attention']}"]
+    lines += _render_compiled(r["compiled"])
     lines += ["methods"] + [f"  {k:<18} {'available' if v['available'] else 'UNAVAILABLE'}: {v['why']}"
                             for k, v in r["methods"].items()]
     avail = [k for k, v in r["sampling"].items() if v["available"]]
@@ -216,6 +358,16 @@ def render(r: dict) -> str:
         lines += _describe("drafter", p["drafter"], ("block_size", "target_layer_ids", "num_hidden_layers",
                                                      "mask_token_id", "params"))
     return "\n".join(lines)
+
+
+def _render_compiled(c: dict) -> list[str]:
+    a, g, t = c["attention"], c["cuda_graphs"], c["torch_compile"]
+    runs = ", ".join(k for k, ok in a["runs"].items() if ok) or "none"
+    compiled = {True: "works", False: "FAILS", None: "not run" if not t["probed"] else "unknown"}[t["works"]]
+    return ["compiled paths", f"  {'engine':<18} {c['engine']['note']}",
+            f"  {'attention':<18} SDPA picks {a['kernel'] or 'unknown'} (runs: {runs})",
+            f"  {'cuda_graphs':<18} {'works' if g['works'] else 'no'}: {g['why']}",
+            f"  {'torch_compile':<18} {compiled}: {t['why']}" + (f" ({t['seconds']} s)" if "seconds" in t else "")]
 
 
 def _describe(name: str, d: dict, keys: tuple[str, ...]) -> list[str]:
