@@ -39,6 +39,31 @@ def _rope_settings(raw: dict) -> tuple[float, dict]:
     return theta, merged
 
 
+def _refuse_sliding_window(raw: dict, source: str) -> None:
+    """Every layer must be full causal attention: a sliding-window layer run over the whole context
+    would decode differently from the checkpoint, so it is refused rather than run wrongly."""
+    n = raw.get("num_hidden_layers") or 0
+    types = raw.get("layer_types")
+    if types is not None:
+        if len(types) != n:
+            raise ConfigError(f"{source}: field 'layer_types' lists {len(types)} layers but "
+                              f"num_hidden_layers is {n}")
+        other = sorted({t for t in types if t != "full_attention"})
+        if other:
+            layers = [i for i, t in enumerate(types) if t != "full_attention"]
+            raise ConfigError(f"{source}: field 'layer_types' has {', '.join(map(repr, other))} at layer(s) "
+                              f"{layers} (sliding_window {raw.get('sliding_window')}); flashtree runs only "
+                              "'full_attention' layers and refuses to run a windowed layer as full attention")
+        return
+    # transformers' qwen2/qwen3 rule when layer_types is absent: layers >= max_window_layers slide
+    window, first = raw.get("sliding_window", 4096), raw.get("max_window_layers", 28)
+    if raw.get("model_type") in ("qwen2", "qwen3") and raw.get("use_sliding_window") and window is not None \
+            and first < n:
+        raise ConfigError(f"{source}: field 'use_sliding_window' is true with 'sliding_window' {window} "
+                          f"(layers {first}..{n - 1}, from 'max_window_layers'); flashtree runs only full "
+                          "attention and refuses to run a windowed layer as full attention")
+
+
 @dataclass(slots=True)
 class ModelConfig:
     model_type: str
@@ -86,6 +111,7 @@ class ModelConfig:
                                "num_attention_heads") if k not in raw]
         if missing:
             raise ConfigError(f"{source}: missing field(s) {', '.join(missing)}")
+        _refuse_sliding_window(raw, source)
         theta, scaling = _rope_settings(raw)
         heads = raw["num_attention_heads"]
         return cls(
@@ -117,6 +143,21 @@ class ModelConfig:
         return cls.from_dict(read_json(path / "config.json"), source=str(path / "config.json"))
 
 
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab DFlash's default feature layers: one per drafter layer, the middle layer for a
+    1-layer drafter, else evenly spaced over [1, L-3]. Never the last layer (SPEC §2): for
+    targets under 4 layers, where z-lab's rule can give L-1 or a negative id, ids are clamped
+    into [0, L-2]."""
+    if num_target_layers < 2:
+        raise ConfigError(f"a {num_target_layers}-layer target has no layer but the last to take features from")
+    if num_draft_layers == 1:
+        ids = [num_target_layers // 2]
+    else:
+        start, end = 1, num_target_layers - 3
+        ids = [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+    return [min(max(i, 0), num_target_layers - 2) for i in ids]
+
+
 @dataclass(slots=True)
 class DrafterConfig:
     """z-lab DFlash drafter: Qwen3 layers + `fc`/`hidden_norm` over target features."""
@@ -140,15 +181,20 @@ class DrafterConfig:
             raise ConfigError(f"{source}: field 'architectures' is {archs}; a DFlash drafter needs "
                               "['DFlashDraftModel']")
         dflash = raw.get("dflash_config") or {}
-        for key in ("mask_token_id", "target_layer_ids"):
-            if key not in dflash:
-                raise ConfigError(f"{source}: missing field 'dflash_config.{key}'")
+        if "mask_token_id" not in dflash:
+            raise ConfigError(f"{source}: missing field 'dflash_config.mask_token_id'")
         if "block_size" not in raw:
             raise ConfigError(f"{source}: missing field 'block_size'")
         layers = ModelConfig.from_dict({**raw, "model_type": "qwen3"}, source=source)
+        ids = dflash.get("target_layer_ids")
+        if ids is None:  # z-lab falls back to build_target_layer_ids(num_target_layers, num_hidden_layers)
+            if raw.get("num_target_layers") is None:
+                raise ConfigError(f"{source}: field 'dflash_config.target_layer_ids' is missing and so is "
+                                  "'num_target_layers', which its default is built from")
+            ids = build_target_layer_ids(int(raw["num_target_layers"]), layers.num_hidden_layers)
         return cls(layers=layers, block_size=int(raw["block_size"]),
                    mask_token_id=int(dflash["mask_token_id"]),
-                   target_layer_ids=[int(i) for i in dflash["target_layer_ids"]],
+                   target_layer_ids=[int(i) for i in ids],
                    num_target_layers=raw.get("num_target_layers"), source=source)
 
     @classmethod

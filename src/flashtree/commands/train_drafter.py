@@ -12,7 +12,8 @@ def add_arguments(p) -> None:
     p.add_argument("--work", default=None, help="data/checkpoint directory (default: OUT/../<name>-work)")
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--layers", type=int, default=d.num_layers, help="drafter decoder layers")
-    p.add_argument("--target-layer-ids", default=None, help="comma list (default: evenly spaced)")
+    p.add_argument("--target-layer-ids", default=None,
+                   help="comma list (default: z-lab's build_target_layer_ids; never the last layer)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's <|mask|> token")
     p.add_argument("--num-sequences", type=int, default=d.num_sequences, help="target-regenerated sequences")
     p.add_argument("--response-tokens", type=int, default=d.response_tokens)
@@ -22,6 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--no-warm-start", action="store_true", help="random init instead of the target's last layers")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    p.add_argument("--init-from", default=None,
+                   help="start from this trained drafter (same shape; fc refit to --target-layer-ids)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this long")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--seed", type=int, default=0)
@@ -30,12 +33,13 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
+    from ..errors import UserError
     from ..train.drafter import DrafterRecipe, train_drafter
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in ("block_size", "layers", "num_sequences", "anchors", "batch_size", "steps", "response_tokens"):
         if getattr(args, name) < (2 if name == "block_size" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {2 if name == 'block_size' else 1}")
+            raise UserError(f"--{name.replace('_', '-')} must be >= {2 if name == 'block_size' else 1}")
     ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     recipe = DrafterRecipe(block_size=args.block_size, num_layers=args.layers, target_layer_ids=ids,
                            mask_token_id=args.mask_token_id, num_sequences=args.num_sequences,
@@ -45,7 +49,11 @@ def run(args) -> int:
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}-work"
     if not Path(args.target).is_dir():
-        raise FileNotFoundError(f"{args.target}: target directory not found")
-    report = train_drafter(Path(args.target), out, work, recipe, resume=args.resume, max_minutes=args.max_minutes)
+        raise UserError(f"{args.target}: target directory not found")
+    init_from = Path(args.init_from) if args.init_from else None
+    if init_from is not None and not init_from.is_dir():
+        raise UserError(f"{args.init_from}: drafter directory not found")
+    report = train_drafter(Path(args.target), out, work, recipe, resume=args.resume, max_minutes=args.max_minutes,
+                           init_from=init_from)
     print(f"saved drafter to {out} ({report['steps']} steps, {report['train_hours']:.2f} h)")
     return 0

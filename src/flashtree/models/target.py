@@ -2,8 +2,10 @@
 
 `TargetModel.forward` runs any set of new tokens per sequence — a prompt, one token, a chain
 or a draft tree — given where each token sits (RoPE position), which cache row it writes, and
-which cache rows it may see. It returns final hidden states and, on request, the outputs of
-chosen decoder layers (drafter features). It does not sample, schedule or build masks.
+which cache rows it may see. It returns final hidden states and, on request, drafter features
+in HF's `hidden_states` convention (SPEC §2): feature id L = `hidden_states[L+1]`, the output of
+decoder layer L, taken after the final norm for the last layer. It does not sample, schedule or
+build masks.
 """
 from __future__ import annotations
 
@@ -76,21 +78,21 @@ class TargetModel(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids, positions: [B, T]. With `fb` the K/V go through the cache; without it the
         tokens attend among themselves (causal, or `mask` [B, 1, T, T]) — the training path.
-        Returns (final hidden [B, T, H], features [B, T, len(feature_layers)*H] or None)."""
+        Returns (final hidden [B, T, H], features [B, T, len(feature_layers)*H] or None); feature
+        id L is HF `hidden_states[L+1]`, so the last layer's is the final-normed hidden."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         wanted = set(feature_layers or ())
-        feats = []
+        by_id = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, i, fb, mask)
             if i in wanted:
-                feats.append(x)
-        if feature_layers:
-            by_id = dict(zip(sorted(wanted), feats))
-            features = torch.cat([by_id[i] for i in feature_layers], dim=-1)
-        else:
-            features = None
-        return self.model.norm(x), features
+                by_id[i] = x
+        x = self.model.norm(x)
+        if len(self.model.layers) - 1 in wanted:  # as transformers: the last entry is post-norm
+            by_id[len(self.model.layers) - 1] = x
+        features = torch.cat([by_id[i] for i in feature_layers], dim=-1) if feature_layers else None
+        return x, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

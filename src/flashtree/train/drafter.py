@@ -5,8 +5,8 @@ prompts; per sequence a fixed number of random anchors, each opening a block
 [anchor token, MASK x (B-1)] at positions anchor..anchor+B-1; the block attends
 bidirectionally to itself and to target features strictly before its anchor; cross-entropy on
 slots k = 1..B-1 against token anchor+k, weighted exp(-(k-1)/gamma); the target's embedding and
-LM head stay frozen; AdamW + cosine with warmup; checkpoints and `--resume`. The result is
-saved in the z-lab DFlash format. Data generation uses flashtree's own engine (method ar).
+LM head stay frozen; AdamW + cosine with warmup; checkpoints and `--resume`; `--init-from` starts
+from a trained drafter with other feature layers. The result is saved in the z-lab DFlash format. Data generation uses flashtree's own engine (method ar).
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import DrafterConfig
+from ..config import DrafterConfig, build_target_layer_ids
 from ..engine.engine import Engine, EngineConfig
+from ..errors import UserError
 from ..models.drafter import DFlashDrafter
-from ..models.loader import load_target, save_module
+from ..models.loader import load_drafter, load_target, save_module
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
 from .loop import TrainState, warmup_cosine
@@ -33,7 +34,7 @@ from .loop import TrainState, warmup_cosine
 class DrafterRecipe:
     block_size: int = 8
     num_layers: int = 1                         # on CPU the draft pass must stay far cheaper than a verify
-    target_layer_ids: list[int] | None = None   # None = evenly spaced over the target
+    target_layer_ids: list[int] | None = None   # None = z-lab's build_target_layer_ids
     mask_token: str = "<|mask|>"                # used when the tokenizer has it, else mask_token_id
     mask_token_id: int | None = None
     num_sequences: int = 3000                   # regenerated training sequences
@@ -48,14 +49,6 @@ class DrafterRecipe:
     gamma: float | None = None                  # loss decay; None = 7 / 5 / 4 for B = 16 / 10 / 8
     seed: int = 0
     warm_start: bool = True                     # copy the target's last layers into the drafter
-
-
-def default_layer_ids(num_layers: int, n: int = 3) -> list[int]:
-    """n evenly spaced target layers from 1 to L-1 (decoder-layer outputs)."""
-    hi = max(num_layers - 1, 0)
-    lo = min(1, hi)
-    n = min(n, hi - lo + 1)
-    return sorted({round(lo + (hi - lo) * i / max(n - 1, 1)) for i in range(n)})
 
 
 def gamma_for(block_size: int) -> float:
@@ -130,17 +123,47 @@ def block_batch(rows: list[dict], recipe: DrafterRecipe, mask_id: int, rng: np.r
     return ids, block_ids, block_pos, labels, mask
 
 
+@torch.no_grad()
+def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: list[dict]) -> None:
+    """Start from `old`, a trained drafter that may tap other target layers: its layers and norms
+    as they are, `fc` refit by least squares so that fc(new features) ≈ old fc(old features) on
+    the tokens of `rows`. Old features are read as they were computed when `old` was trained
+    (raw decoder-layer outputs, the last one pre-norm), so a drafter from before the HF feature
+    convention keeps what it learned; new features follow `TargetModel.forward`."""
+    drafter.load_state_dict({k: v for k, v in old.state_dict().items() if not k.startswith("fc.")}, strict=False)
+    xs, ys = [], []
+    for r in rows:
+        ids = torch.tensor([r["ids"]])
+        pos = torch.arange(ids.shape[1])[None]
+        _, new = target(ids, pos, feature_layers=drafter.config.target_layer_ids)
+        x = target.model.embed_tokens(ids)
+        cos, sin = target.model.rotary_emb(pos, x.dtype)
+        raw = []
+        for i, layer in enumerate(target.model.layers):
+            x = layer(x, cos, sin, i, None)
+            raw.append(x)
+        xs.append(new[0])
+        ys.append(old.fc(torch.cat([raw[i] for i in old.config.target_layer_ids], dim=-1))[0])
+    X, Y = torch.cat(xs).double(), torch.cat(ys).double()                      # [N, n*H], [N, H]
+    ridge = 1e-4 * X.pow(2).mean() * len(X) * torch.eye(X.shape[1], dtype=X.dtype)
+    W = torch.linalg.solve(X.T @ X + ridge, X.T @ Y)                           # [n*H, H]
+    drafter.fc.weight.copy_(W.T.to(drafter.fc.weight.dtype))
+    fit = 1 - (X @ W - Y).pow(2).sum() / (Y - Y.mean(0)).pow(2).sum()
+    print(f"init-from: fc refit on {len(X)} tokens, R^2 {fit.item():.4f}")
+
+
 def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe, resume: bool = False,
-                  max_minutes: float | None = None) -> dict:
+                  max_minutes: float | None = None, init_from: Path | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     target = load_target(target_dir, dtype="float32", device="cpu")
     tokenizer = Tokenizer(target_dir)
     tc = target.config
-    recipe.target_layer_ids = recipe.target_layer_ids or default_layer_ids(tc.num_hidden_layers)
+    recipe.target_layer_ids = recipe.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers,
+                                                                                 recipe.num_layers)
     mask_id = recipe.mask_token_id if recipe.mask_token_id is not None else tokenizer.token_to_id(recipe.mask_token)
     if mask_id is None:
-        raise ValueError(f"the tokenizer of {target_dir} has no '{recipe.mask_token}' token; pass --mask-token-id "
+        raise UserError(f"the tokenizer of {target_dir} has no '{recipe.mask_token}' token; pass --mask-token-id "
                          "(a spare row of the target's embedding)")
     cfg_dict = drafter_config(target, recipe, mask_id, str(out / "config.json"))
     cfg = DrafterConfig.from_dict(cfg_dict, source=str(out / "config.json"))
@@ -172,6 +195,8 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     with torch.inference_mode():
         regenerate(target, tokenizer, corpus, recipe, data_path)
     rows = [json.loads(line) for line in data_path.open()][: recipe.num_sequences]
+    if init_from is not None and state.step == 0:
+        init_from_drafter(drafter, load_drafter(init_from, target), target, rows[:64])
 
     gamma = recipe.gamma or gamma_for(recipe.block_size)
     B = recipe.block_size

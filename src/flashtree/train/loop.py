@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
+
 
 def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float = 0.0) -> float:
     """Linear warmup to `peak` over `warmup` steps, then cosine down to `floor * peak` at `total`."""
@@ -40,7 +42,7 @@ class TrainState:
         on top of an existing checkpoint is refused rather than silently overwriting it."""
         state = cls(work / f"{name}_ckpt.pt", work / f"{name}_log.jsonl", model, opt)
         if state.ckpt.is_file() and not resume:
-            raise ValueError(f"{state.ckpt} already holds a training run: pass --resume to continue it, "
+            raise UserError(f"{state.ckpt} already holds a training run: pass --resume to continue it, "
                              "or remove it (or choose another --work) to start over")
         if resume and state.ckpt.is_file():
             saved = torch.load(state.ckpt, weights_only=True)
