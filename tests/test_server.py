@@ -9,18 +9,17 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from flashtree import LLM, SamplingParams
 from flashtree.server.app import create_app
 from flashtree.server.async_engine import TextDelta
 from helpers import make_drafter, make_hf_target, write_tokenizer
+from serving import Running, metric, wait_for
 
 CONTEXT = 512
 VOCAB = 96
@@ -55,23 +54,6 @@ def ref(pair):
     return text
 
 
-class Running:
-    def __init__(self, app, sock):
-        self.app, self.server = app, uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.port = sock.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def server(pair):
     llm = LLM(model=pair[0], draft=pair[1], method="ddtree", max_batch_size=8)
@@ -86,27 +68,6 @@ def server(pair):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def metric(base: str, name: str, labels: dict | None = None) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in httpx.get(base + "/metrics").text.splitlines():
-        m = re.match(r"^(\w+)(\{[^}]*\})? ([-+\deE.naninf]+)$", line)
-        if m and m.group(1) == name:
-            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-            if all(have.get(k) == v for k, v in (labels or {}).items()):
-                total += float(m.group(3))
-    return total
-
-
-def wait_for(cond, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 # ------------------------------------------------------------------------------------ basics

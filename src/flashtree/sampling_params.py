@@ -51,7 +51,7 @@ class SamplingParams:
             if isinstance(v, bool) or not isinstance(v, int):
                 bad(name, "must be an integer")
         t = self.temperature
-        if t < 0 or (t != 0 and not MIN_TEMPERATURE <= _f32(t) <= MAX_TEMPERATURE):
+        if t < 0 or (t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):  # float32 keeps these normal
             bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]")
         if not (0 < self.top_p <= 1 and _f32(self.top_p) > 0):
             bad("top_p", "must be in (0, 1] and representable as a positive float32 (>= 1e-38)")

@@ -1,0 +1,60 @@
+"""Test helpers for the HTTP server: a real uvicorn server in a thread, metrics, polling."""
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+
+class Running:
+    """`app` served by uvicorn on a free loopback port in a background thread."""
+
+    def __init__(self, app, sock: socket.socket | None = None, **config):
+        if sock is None:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
+        self.port = sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(base: str, name: str, labels: dict | None = None, headers: dict | None = None) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in httpx.get(base + "/metrics", headers=headers).text.splitlines():
+        m = re.match(r"^(\w+)(\{[^}]*\})? ([-+\deE.naninf]+)$", line)
+        if m and m.group(1) == name:
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(have.get(k) == v for k, v in (labels or {}).items()):
+                total += float(m.group(3))
+    return total
+
+
+def wait_for(cond, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
