@@ -82,7 +82,8 @@ def test_stops_apply_to_committed_tokens(models):
     ref, _ = run(models, "ar", ps=ps, max_tokens=30)
     target, drafter = models
     for method in ("ar", "dflash", "ddtree"):
-        eng = Engine(target, drafter, EngineConfig(method=method, budget=32, max_batch_size=4, max_model_len=128))
+        budget = 32 if method == "ddtree" else None  # only a tree takes a budget
+        eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=4, max_model_len=128))
         seqs = []
         for p, r in zip(ps, ref):
             stop_tok = r[10]  # stop at the first occurrence of the 11th reference token

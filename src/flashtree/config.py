@@ -39,6 +39,31 @@ def _rope_settings(raw: dict) -> tuple[float, dict]:
     return theta, merged
 
 
+def _refuse_sliding_window(raw: dict, source: str) -> None:
+    """Every layer must be full causal attention: a sliding-window layer run over the whole context
+    would decode differently from the checkpoint, so it is refused rather than run wrongly."""
+    n = raw.get("num_hidden_layers") or 0
+    types = raw.get("layer_types")
+    if types is not None:
+        if len(types) != n:
+            raise ConfigError(f"{source}: field 'layer_types' lists {len(types)} layers but "
+                              f"num_hidden_layers is {n}")
+        other = sorted({t for t in types if t != "full_attention"})
+        if other:
+            layers = [i for i, t in enumerate(types) if t != "full_attention"]
+            raise ConfigError(f"{source}: field 'layer_types' has {', '.join(map(repr, other))} at layer(s) "
+                              f"{layers} (sliding_window {raw.get('sliding_window')}); flashtree runs only "
+                              "'full_attention' layers and refuses to run a windowed layer as full attention")
+        return
+    # transformers' qwen2/qwen3 rule when layer_types is absent: layers >= max_window_layers slide
+    window, first = raw.get("sliding_window", 4096), raw.get("max_window_layers", 28)
+    if raw.get("model_type") in ("qwen2", "qwen3") and raw.get("use_sliding_window") and window is not None \
+            and first < n:
+        raise ConfigError(f"{source}: field 'use_sliding_window' is true with 'sliding_window' {window} "
+                          f"(layers {first}..{n - 1}, from 'max_window_layers'); flashtree runs only full "
+                          "attention and refuses to run a windowed layer as full attention")
+
+
 @dataclass(slots=True)
 class ModelConfig:
     model_type: str
@@ -86,6 +111,7 @@ class ModelConfig:
                                "num_attention_heads") if k not in raw]
         if missing:
             raise ConfigError(f"{source}: missing field(s) {', '.join(missing)}")
+        _refuse_sliding_window(raw, source)
         theta, scaling = _rope_settings(raw)
         heads = raw["num_attention_heads"]
         return cls(

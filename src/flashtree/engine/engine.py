@@ -74,6 +74,17 @@ class EngineFailure(RuntimeError):
     """The engine is no longer usable (not one request's fault): its owner should stop it."""
 
 
+def _refuse_budget(method: str, budget) -> None:
+    """A budget sizes a DDTree; any other method would ignore it, so it is refused instead."""
+    if budget is None or method == "ddtree":
+        return
+    why = ("verifies one chain of block_size-1 drafts (set its length with block_size)" if method == "dflash"
+           else "drafts nothing")
+    raise RequestError(f"budget applies to method 'ddtree' only (the draft tree's size); method '{method}' "
+                       f"{why}, so budget={budget!r} would be ignored: drop it or use method='ddtree'",
+                       "speculative")
+
+
 class Engine:
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, config: EngineConfig,
                  eos_token_ids: list[int] = (), decode=None):
@@ -98,6 +109,7 @@ class Engine:
         self.default_budget = config.budget if config.budget is not None else DEFAULT_BUDGET
         if config.method != "ar":
             self._check_method(config.method)
+        _refuse_budget(config.method, config.budget)
         if config.method == "ddtree" or config.budget is not None:
             self._check_budget(self.default_budget)
         slack = max(config.max_budget, self.drafter_block_size) + 1  # room for one round's tree
@@ -145,6 +157,7 @@ class Engine:
                     budget: int | None = None, block_size: int | None = None) -> Sequence:
         method = method or self.config.method
         self._check_method(method)
+        _refuse_budget(method, budget)
         if not prompt_ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         V = self.target.config.vocab_size
@@ -163,8 +176,6 @@ class Engine:
         else:
             bs = self._check_block_size(block_size) if block_size is not None else self.default_block_size
             if method == "dflash":
-                if budget is not None:
-                    self._check_budget(budget)
                 bud = bs - 1  # a chain uses every slot of the block
             else:
                 bud = self._check_budget(budget) if budget is not None else self.default_budget

@@ -63,15 +63,28 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_state(module: torch.nn.Module, path: Path, optional: tuple[str, ...] = ()) -> None:
-    """Copy tensors from the safetensors files of `path` into `module`, checking names and shapes."""
+# Tensors other tools write that carry nothing flashtree needs: rotary tables (recomputed from
+# the config). Anything else a checkpoint holds that the model has no parameter for is an error.
+IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] = (),
+               optional: tuple[str, ...] = ()) -> None:
+    """Copy tensors from the safetensors files of `path` into `module`, checking names and shapes.
+
+    Strict: a tensor the module has no parameter for (an extra or renamed weight) is an error
+    naming it, unless its name ends with one of IGNORABLE_SUFFIXES or is listed in `ignorable`;
+    a parameter with no tensor is an error unless listed in `optional`."""
     params = dict(module.named_parameters())
     seen: set[str] = set()
+    unknown: dict[str, list[str]] = {}
     for file in weight_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name not in params:
-                    continue  # e.g. rotary buffers or extra heads written by other tools
+                    if name not in ignorable and not name.endswith(IGNORABLE_SUFFIXES):
+                        unknown.setdefault(file.name, []).append(name)
+                    continue
                 t = f.get_tensor(name)
                 p = params[name]
                 if tuple(t.shape) != tuple(p.shape):
@@ -80,6 +93,12 @@ def load_state(module: torch.nn.Module, path: Path, optional: tuple[str, ...] = 
                 with torch.no_grad():
                     p.copy_(t.to(p.dtype))
                 seen.add(name)
+    if unknown:
+        n = sum(len(v) for v in unknown.values())
+        shown = "; ".join(f"{file}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                          for file, names in unknown.items())
+        raise ConfigError(f"{path}: {n} tensor(s) are not weights of the model its config.json describes "
+                          f"(extra or renamed weights would decode wrongly, so nothing is skipped): {shown}")
     missing = [n for n in params if n not in seen and n not in optional]
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -97,7 +116,8 @@ def load_target(path: str | Path, dtype="auto", device="auto") -> TargetModel:
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
-    load_state(model, path, optional=("lm_head.weight",) if cfg.tie_word_embeddings else ())
+    tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
+    load_state(model, path, ignorable=tied, optional=tied)
     return model.eval().requires_grad_(False)
 
 
