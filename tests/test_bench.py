@@ -5,10 +5,11 @@ import contextlib
 import io
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
-from flashtree.benchmarking import Config, Pass, summarize_group
+from flashtree.benchmarking import ComponentCosts, Config, Pass, component_costs, portable_path, summarize_group
 from flashtree.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -64,7 +65,8 @@ def test_bench_writes_consistent_report(bench):
             assert h[0] == c["rounds"] and c["bound"] == 1.0 and c["speedup_vs_ar"] == pytest.approx(1.0)
         else:
             k = c["costs_ms"]
-            assert k["draft"] > 0 and k["verify"] > 0
+            assert k["draft"] > 0 and k["verify"] > 0 and k["c1"] > 0
+            assert k["tree_size"] == {"dflash": 8, "ddtree": 4}[c["method"]]
             assert c["bound"] == pytest.approx(c["mean_accept_length"] * k["c1"] / (k["draft"] + k["verify"]))
         if c["concurrency"] == 1:  # peers run at batch 1 and are compared with the batch-1 cells
             for q in peers:
@@ -89,22 +91,70 @@ def test_bench_writes_pngs_and_markdown(bench):
         assert f"({name}.png)" in (out / "report.md").read_text()
 
 
-def test_bound_from_component_costs():
-    # ar: 10 ms per step; ddtree: tau 3 at 5 ms draft + 15 ms verify -> bound 3 * 10 / 20 = 1.5
+def test_bound_from_isolated_component_costs():
+    # isolated: plain forward 10 ms, 5-token forward 15 ms, draft pass 5 ms; ddtree tau 3 -> 3 * 10 / 20 = 1.5
+    costs = ComponentCosts(forward={1: 0.010, 5: 0.015}, draft={Config("ddtree", 4): 0.005}, context=40)
+    # the passes' own phase timings say otherwise (8 ms ar steps, 20 ms tree steps): they must not count
     ar = [Pass(seconds=1.0, tokens=100, accept_lengths=[1] * 100, steps=100,
-               timings={"verify_forward": 0.8, "verify_walk": 0.1, "commit": 0.1})]
+               timings={"verify_forward": 0.6, "verify_walk": 0.1, "commit": 0.1})]
     tree = [Pass(seconds=0.8, tokens=100, accept_lengths=[3] * 50, steps=50,
-                 timings={"draft": 0.2, "tree": 0.05, "verify_forward": 0.6, "pack": 0.05, "commit": 0.1})]
+                 timings={"draft": 0.3, "tree": 0.1, "verify_forward": 0.5, "pack": 0.05, "commit": 0.05})]
     peers = [{"name": "hf_generate", "tok_s": 50.0}]
-    ar_cell, tree_cell = summarize_group({Config("ar"): ar, Config("ddtree", 4): tree}, 0.0, 1, 4, peers)
-    assert ar_cell["costs_ms"]["c1"] == pytest.approx(10.0)
-    assert tree_cell["costs_ms"]["draft"] == pytest.approx(5.0)
-    assert tree_cell["costs_ms"]["verify"] == pytest.approx(15.0)
+    ar_cell, tree_cell = summarize_group({Config("ar"): ar, Config("ddtree", 4): tree}, 0.0, 1, 4, peers, costs)
+    assert ar_cell["bound"] == 1.0 and ar_cell["costs_ms"]["tree_size"] == 1
+    assert tree_cell["costs_ms"] == pytest.approx({"c1": 10.0, "draft": 5.0, "verify": 15.0, "tree_size": 5,
+                                                   "context": 40})
     assert tree_cell["bound"] == pytest.approx(1.5)
     assert tree_cell["speedup_vs_ar"] == pytest.approx(125 / 100)
     assert tree_cell["bound_share"] == pytest.approx(1.25 / 1.5)
+    assert tree_cell["phase_ms_per_step"]["draft"] == pytest.approx(6.0)  # in-round, reported beside
     assert tree_cell["speedup_vs_peers"] == {"hf_generate": pytest.approx(125 / 50)}
     assert tree_cell["accept_length_histogram"] == [0, 0, 50, 0]
+
+
+def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pair):
+    from flashtree import LLM, SamplingParams
+    target, draft, _ = pair
+    llm = LLM(model=target, draft=draft, method="ddtree", dtype="float32", device="cpu", max_batch_size=2)
+    eng = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    before = llm.generate([[5, 6, 7], [8, 9]], params)
+    stats, free = dict(eng.stats), list(eng.cache._free)
+    seen = {"forward": [], "draft": []}
+    real_forward, real_draft = eng._forward, eng._draft
+    eng._forward = lambda batch, vin: seen["forward"].append(tuple(vin.tokens.shape)) or real_forward(batch, vin)
+    eng._draft = lambda batch: seen["draft"].append((len(batch), batch[0].method)) or real_draft(batch)
+    taus = {Config("ar"): 1.0, Config("dflash"): 3.2, Config("ddtree", 3): 2.6}
+    costs = component_costs(llm, taus, concurrency=2, context=20, repeats=2)
+    del eng._forward, eng._draft
+    assert sorted(costs.forward) == [1, 4, 8] and all(t > 0 for t in costs.forward.values())
+    assert set(costs.draft) == {Config("dflash"), Config("ddtree", 3)} and all(t > 0 for t in costs.draft.values())
+    assert costs.context == 20
+    assert {(2, n) for n in (1, 4, 8)} <= set(seen["forward"])  # 2 sequences x each tree size
+    assert sorted(set(seen["draft"])) == [(2, "ddtree"), (2, "dflash")]
+    assert eng.stats == stats and eng.cache._free == free and not eng.has_work()
+    assert [o.token_ids for o in llm.generate([[5, 6, 7], [8, 9]], params)] == [o.token_ids for o in before]
+
+
+def test_reports_carry_no_machine_paths(bench, pair, tmp_path, monkeypatch):
+    _, out, rep, _ = bench
+    m = rep["meta"]
+    for key in ("model", "draft", "prompts"):
+        assert not Path(m[key]).is_absolute() and m[key].startswith(".../"), m[key]
+    for text in ((out / "report.md").read_text(), (out / "bench.json").read_text()):
+        for p in pair:
+            assert str(p) not in text and str(p.parent) not in text
+        assert str(out) not in text
+    assert "load_1m" in m["load"]["before"] and "load average" in (out / "report.md").read_text()
+    import flashtree
+    pkg = Path(flashtree.__file__).parent
+    assert portable_path(pkg / "bundled" / "target") == "flashtree/bundled/target"
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(tmp_path / "a" / "b.jsonl") == "a/b.jsonl"
+    assert portable_path("/srv/alice/models/qwen") == ".../models/qwen"
+    from flashtree.commands.bench import portable_command
+    assert portable_command(["--model", "/srv/alice/qwen", "--out=/srv/alice/res", "--budgets", "4,8"]) == \
+        "flashtree --model .../alice/qwen --out=.../alice/res --budgets 4,8"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -6,17 +6,22 @@ temperature and concurrency. Passes of all configurations are interleaved repeat
 machine noise hits them alike; tok/s is the median over repeats after warm-up, and every speedup
 is a ratio of two medians measured in this process. The bound for a speculative configuration is
 
-    bound = tau * c(1) / (c_draft + c_verify(N))
+    bound = tau * c(1) / (c_draft + c(N))
 
-with c(1) the per-step cost of a plain decoding step (verify-side phases of the `ar` passes),
-c_draft the drafter + tree-building time per step and c_verify(N) the pack + target forward +
-walk + commit time per step of that configuration; `share` = measured speedup / bound. Costs
-come from `Engine.timings`, so prefill and Python overhead between phases are outside them.
+with tau its measured mean accept length and the costs timed in isolation, apart from the rounds
+(`component_costs`): c(n) one target forward of n tokens per sequence (logits included) against a
+context of typical length, c_draft one drafter pass (draft logits and top-k included), N the
+tree size (root + draft nodes). It is the speedup rounds would reach with nothing but those two
+model calls, so `share` = measured speedup / bound = (1 + o_ar) / (1 + o_spec), where o is a
+step's remaining time (tree building, packing, sampling, the walk, commit, prefill, Python)
+relative to its isolated model costs: below 1 when a speculative round's overhead weighs more
+than a plain step's, above 1 when less (or when short generations leave rounds undrafted).
 
 This module does no argument parsing (`commands/bench.py`) and no decoding of its own (`LLM`).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -27,8 +32,6 @@ import torch
 from .errors import UserError
 from .sampling_params import SamplingParams
 
-DRAFT_PHASES = ("draft", "tree")
-VERIFY_PHASES = ("pack", "verify_forward", "verify_walk", "commit")
 PEERS = ("hf_generate", "hf_prompt_lookup")
 
 
@@ -105,6 +108,28 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+def portable_path(path: str | Path) -> str:
+    """A path fit for a shared report: the package's own files as flashtree/..., files under the
+    working directory relative to it, anything else as .../parent/name (never a machine path)."""
+    p = Path(path).resolve()
+    pkg = Path(__file__).resolve().parent
+    if p.is_relative_to(pkg):
+        return str(Path("flashtree") / p.relative_to(pkg))
+    cwd = Path.cwd().resolve()
+    if p.is_relative_to(cwd):
+        return str(p.relative_to(cwd)) or "."
+    return str(Path("...", *p.parts[-2:]))
+
+
+def machine_load() -> dict:
+    """1-minute load average and CPU count, written next to the numbers (None where unknown)."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    return {"load_1m": load, "cpus": os.cpu_count()}
+
+
 # ---------------------------------------------------------------------------- passes
 def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg: Config,
              concurrency: int) -> Pass:
@@ -114,11 +139,98 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     eng.timings.clear()
     forwards = eng.stats["forwards"]
     t0 = time.perf_counter()
-    outs = llm.generate(prompt_ids, params, method=cfg.method, budget=cfg.budget)
+    outs = llm.generate(prompt_ids, params, use_tqdm=False, method=cfg.method, budget=cfg.budget)
     seconds = time.perf_counter() - t0
     return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
                 accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
                 steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings))
+
+
+# ---------------------------------------------------------------------------- isolated costs
+COMPONENT_REPEATS = 10  # timed calls per component (after one warm-up); the median is kept
+
+
+@dataclass(slots=True)
+class ComponentCosts:
+    """Seconds of one isolated target forward / drafter pass at one concurrency, timed apart
+    from the rounds on synthetic sequences of `context` committed tokens."""
+    forward: dict[int, float]       # tokens per sequence (tree size) -> one target forward
+    draft: dict[Config, float]      # one drafter pass for that configuration
+    context: int
+
+    def bound(self, cfg: Config, tau: float, block_size: int) -> float:
+        if cfg.method == "ar":
+            return 1.0
+        n = tree_size(cfg, block_size)
+        return tau * self.forward[1] / max(self.draft[cfg] + self.forward[n], 1e-12)
+
+
+def tree_size(cfg: Config, block_size: int) -> int:
+    """Tokens per sequence in one verify forward: the root plus the draft nodes."""
+    return {"ar": 1, "dflash": block_size}.get(cfg.method, (cfg.budget or 0) + 1)
+
+
+def component_costs(llm, taus: dict[Config, float], concurrency: int, context: int,
+                    repeats: int = COMPONENT_REPEATS) -> ComponentCosts:
+    """Time the two model calls of a round on their own, for `concurrency` sequences of `context`
+    committed tokens: the target forward for every tree size of the configs in `taus` (and for
+    plain decoding), and each speculative config's drafter pass over round(tau) new context
+    features. Uses the engine's own `_forward` / `_draft` on temporary cache slots; the engine's
+    state and counters are left as they were."""
+    from .engine.round import pack_trees
+    from .engine.sequence import Sequence
+    from .spec.tree import chain_tree
+
+    eng = llm.engine
+    block_size = eng.default_block_size
+    sizes = sorted({tree_size(c, block_size) for c in taus} | {1})
+    context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
+    stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
+    slots = [eng.cache.allocate() for _ in range(concurrency)]
+    sync = (lambda: torch.cuda.synchronize(eng.device)) if eng.device.type == "cuda" else (lambda: None)
+
+    def seqs(cfg: Config) -> list[Sequence]:
+        bs = 1 if cfg.method == "ar" else block_size
+        budget = {"ar": 0, "dflash": bs - 1}.get(cfg.method, cfg.budget or 0)
+        return [Sequence(req_id=-1, prompt_ids=[0] * context, params=SamplingParams(max_tokens=block_size + 1),
+                         method=cfg.method, block_size=bs, budget=budget, generator=None, stop_ids=frozenset(),
+                         output_ids=[0], slot=slot, length=context) for slot in slots]
+
+    def forward_call(n: int):
+        batch = seqs(Config("ar"))
+        vin = pack_trees([chain_tree(0, [0] * (n - 1)) for _ in batch], [context] * len(batch), eng.device)
+        return lambda: eng._forward(batch, vin)
+
+    def draft_call(cfg: Config, feats):
+        batch = seqs(cfg)
+        rows = max(1, min(round(taus[cfg]), feats.shape[1]))  # one round's accepted tokens
+        for b, s in enumerate(batch):
+            s.pending = feats[b, :rows]
+        return lambda: eng._draft(batch)
+
+    try:
+        with torch.inference_mode():
+            calls = {("forward", n): forward_call(n) for n in sizes}
+            feats = calls["forward", sizes[-1]]()[1]  # real target features [B, N, F] for the drafter
+            if eng.drafter is not None:
+                calls.update({("draft", cfg): draft_call(cfg, feats) for cfg in taus if cfg.method != "ar"})
+            times = {key: [] for key in calls}
+            for r in range(repeats + 1):  # interleaved, so machine noise hits every component alike
+                for key, call in calls.items():
+                    sync()
+                    t0 = time.perf_counter()
+                    call()
+                    sync()
+                    if r:  # round 0 warms up
+                        times[key].append(time.perf_counter() - t0)
+    finally:
+        for slot in reversed(slots):  # the free list ends up in its original order
+            eng.cache.free(slot)
+        eng.stats.clear()
+        eng.stats.update(stats)
+    forward = {n: median(ts) for (kind, n), ts in times.items() if kind == "forward"}
+    draft = {cfg: median(ts) for (kind, cfg), ts in times.items() if kind == "draft"}
+    return ComponentCosts(forward=forward, draft=draft, context=context)
 
 
 class HFPeer:
@@ -163,6 +275,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
     """Measure every (temperature, concurrency, config) cell and the peers; return the report."""
     tick = progress.update if progress is not None else (lambda n=1: None)
     block_size = llm.engine.default_block_size
+    context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
     cells, peers = [], []
     for temp in plan.temperatures:
         params = [replace(base, temperature=temp, seed=(base.seed or 0) + i) for i in range(len(prompt_ids))]
@@ -184,7 +297,8 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                     tick()
             group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens) for name, ps in peer_runs.items()]
             peers += group_peers
-            cells += summarize_group(runs, temp, conc, block_size, group_peers)
+            costs = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()}, conc, context)
+            cells += summarize_group(runs, temp, conc, block_size, group_peers, costs)
     return {"cells": cells, "peers": peers}
 
 
@@ -195,23 +309,26 @@ def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int) -> dic
             "completion_tokens": sum(p.tokens for p in passes)}
 
 
+def mean_tau(passes: list[Pass]) -> float:
+    taus = [t for p in passes for t in p.accept_lengths]
+    return sum(taus) / len(taus) if taus else 0.0
+
+
 def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
-                    peers: list[dict]) -> list[dict]:
-    """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others."""
-    ar = runs[Config("ar")]
-    ar_tok_s = median([p.tok_s for p in ar])
-    c1 = median([p.per_step(DRAFT_PHASES + VERIFY_PHASES) for p in ar])  # ar drafts nothing
+                    peers: list[dict], costs: ComponentCosts) -> list[dict]:
+    """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others. The
+    bound comes from the isolated `costs`; the passes' own phase timings are reported beside it."""
+    ar_tok_s = median([p.tok_s for p in runs[Config("ar")]])
     out = []
     for cfg, passes in runs.items():
         taus = [t for p in passes for t in p.accept_lengths]
-        tau = sum(taus) / len(taus) if taus else 0.0
+        tau = mean_tau(passes)
         hist = [0] * max(block_size, max(taus, default=1))
         for t in taus:
             hist[t - 1] += 1
         tok_s = median([p.tok_s for p in passes])
-        c_draft = median([p.per_step(DRAFT_PHASES) for p in passes])
-        c_verify = median([p.per_step(VERIFY_PHASES) for p in passes])
-        bound = 1.0 if cfg.method == "ar" else tau * c1 / max(c_draft + c_verify, 1e-12)
+        n = tree_size(cfg, block_size)
+        bound = costs.bound(cfg, tau, block_size)
         speedup = tok_s / ar_tok_s if ar_tok_s else None
         phases = sorted({k for p in passes for k in p.timings})
         out.append({
@@ -221,7 +338,8 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
             "completion_tokens": sum(p.tokens for p in passes), "repeats": len(passes),
             "rounds": len(taus), "steps": sum(p.steps for p in passes), "mean_accept_length": tau,
             "accept_length_histogram": hist,
-            "costs_ms": {"c1": 1e3 * c1, "draft": 1e3 * c_draft, "verify": 1e3 * c_verify},
+            "costs_ms": {"c1": 1e3 * costs.forward[1], "draft": 1e3 * costs.draft.get(cfg, 0.0),
+                         "verify": 1e3 * costs.forward[n], "tree_size": n, "context": costs.context},
             "phase_ms_per_step": {k: 1e3 * median([p.per_step((k,)) for p in passes]) for k in phases},
             "speedup_vs_ar": speedup, "bound": bound,
             "bound_share": speedup / bound if speedup is not None and bound else None,
@@ -260,9 +378,23 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
              f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run. "
              "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights.",
+             "", f"Command: `{m['command']}`. Machine: {m['platform']['cpu']}, {m['load']['before']['cpus']} CPUs, "
+             f"{m['platform']['torch_threads']} torch threads; 1-minute load average "
+             f"{_fmt(m['load']['before']['load_1m'])} before and {_fmt(m['load']['after']['load_1m'])} after.",
+             "", "bound = tau × c(1) / (c_draft + c(N)) from isolated costs: one target forward of N tokens "
+             "per sequence (c(1): plain decoding; N: root + draft nodes) and one drafter pass, each timed "
+             "apart from the rounds (median of several calls at a context of "
+             f"{_context(report)} tokens). share = speedup / bound = (1 + o_ar) / (1 + o_spec), o being a "
+             "step's time beyond those model calls (tree building, packing, sampling, commit, prefill, Python) "
+             "relative to them: below 1 when a speculative round's overhead weighs more than a plain step's.",
              "", "```", table(report), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in pngs]
     return "\n".join(lines) + "\n"
+
+
+def _context(report: dict) -> str:
+    ctx = sorted({c["costs_ms"]["context"] for c in report["cells"]})
+    return ", ".join(map(str, ctx)) or "-"
 
 
 def write_plots(report: dict, out: Path) -> list[Path]:

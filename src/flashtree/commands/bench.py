@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import sys
 import time
@@ -72,6 +73,17 @@ def plan_from_args(args):
                      lookup_tokens=args.prompt_lookup_tokens)
 
 
+def portable_command(argv: list[str]) -> str:
+    """The command line as typed, with absolute paths made portable (no machine paths in reports)."""
+    from ..benchmarking import portable_path
+    def one(a: str) -> str:
+        flag, eq, value = a.partition("=")
+        if eq and flag.startswith("--") and os.path.isabs(value):
+            return f"{flag}={portable_path(value)}"
+        return portable_path(a) if os.path.isabs(a) else a
+    return shlex.join(["flashtree"] + [one(a) for a in argv])
+
+
 def run(args) -> int:
     from tqdm import tqdm
 
@@ -99,18 +111,25 @@ def run(args) -> int:
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
     peer = bm.HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype) if plan.peers else None
 
+    load_before = bm.machine_load()
+    if load_before["load_1m"] is not None and load_before["load_1m"] > 0.25 * (load_before["cpus"] or 1):
+        print(f"flashtree bench: warning: 1-minute load average {load_before['load_1m']} on "
+              f"{load_before['cpus']} CPUs: other work will skew the numbers", file=sys.stderr)
     with tqdm(total=plan.passes(), desc="bench", unit="pass", file=sys.stderr) as bar:
         results = bm.run_bench(llm, prompt_ids, base, plan, peer, progress=bar)
     meta = {
-        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": shlex.join(["flashtree"] + sys.argv[1:]),
-        "model": str(llm.model_path), "draft": str(llm.draft_path) if llm.draft_path else None,
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": portable_command(sys.argv[1:]),
+        "model": bm.portable_path(llm.model_path),
+        "draft": bm.portable_path(llm.draft_path) if llm.draft_path else None,
         "block_size": llm.engine.default_block_size, "device": str(llm.engine.device),
-        "dtype": str(llm.engine.dtype).removeprefix("torch."), "prompts": str(args.prompts or PROMPTS_FILE),
+        "dtype": str(llm.engine.dtype).removeprefix("torch."),
+        "prompts": bm.portable_path(args.prompts or PROMPTS_FILE),
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
         "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,
         "top_p": base.top_p, "min_p": base.min_p, "repeats": plan.repeats, "warmup": plan.warmup,
         "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,
         "versions": env.versions(), "platform": env.platform_info(),
+        "load": {"before": load_before, "after": bm.machine_load()},
     }
     report = {"meta": meta, **results}
     out = Path(args.out)
