@@ -128,11 +128,12 @@ class LLM:
         return [self._output(p, s) for p, s in zip(prompts, seqs)]
 
     def chat(self, messages_or_list, params=None, **kw) -> list[RequestOutput]:
-        """OpenAI-style messages (one conversation or a list of them)."""
+        """OpenAI-style messages (one conversation or a list of them). Special-token strings in
+        message contents are text, as in the server; the template's own special tokens are special."""
         convs = messages_or_list
         if isinstance(convs, list) and convs and isinstance(convs[0], dict):
             convs = [convs]
-        return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, **kw)
+        return self.generate([self.tokenizer.encode_chat(c) for c in convs], params, **kw)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None, **kw) -> Iterator[str]:
         """Yield text as it is committed (never a broken UTF-8 character); `.last` holds the seq."""

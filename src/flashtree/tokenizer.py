@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from .config import ConfigError
+from .errors import UserError
 
 
 def _as_list(x) -> list[int]:
@@ -90,7 +91,7 @@ class Tokenizer:
         for m, k in zip(messages, marks):
             head, sep, rest = rest.partition(k)
             if not sep:
-                raise ValueError("a message contains a special token, and this chat template does not pass "
+                raise UserError("a message contains a special token, and this chat template does not pass "
                                  "message contents through verbatim; send token ids to /v1/completions instead")
             ids += self.tk.encode(head, add_special_tokens=False).ids if head else []
             ids += self._plain.encode(m["content"], add_special_tokens=False).ids
@@ -104,12 +105,12 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise ValueError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
+            raise UserError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
         if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+            raise UserError("messages must be a non-empty list of {'role', 'content'} dicts")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
-                raise ValueError(f"messages[{i}] must be a dict with a 'role' and a string 'content'")
+                raise UserError(f"messages[{i}] must be a dict with a 'role' and a string 'content'")
         if self._template is None:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])

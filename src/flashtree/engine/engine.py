@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import UserError
 from ..kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
 from ..models.target import ForwardBatch, TargetModel
@@ -45,11 +46,11 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.method not in METHODS:
-            raise ValueError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")
+            raise UserError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")
         if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+            raise UserError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not 1 <= self.max_budget <= MAX_BUDGET:
-            raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
+            raise UserError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
 
 
 @dataclass(slots=True)
@@ -62,7 +63,7 @@ class QueueFullError(RuntimeError):
     pass
 
 
-class RequestError(ValueError):
+class RequestError(UserError):
     """A request the engine cannot run; `param` names the offending parameter (for HTTP 400s)."""
 
     def __init__(self, message: str, param: str | None = None):
@@ -96,7 +97,7 @@ class Engine:
         self.device, self.dtype = p.device, p.dtype
         self.max_model_len = config.max_model_len or tc.max_position_embeddings
         if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+            raise UserError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if drafter is not None:
             dc = drafter.config
             dc.check_pair(tc)
