@@ -4,12 +4,16 @@ On a tiny-vocabulary target the distribution of the first `n_tokens` generated t
 enumerated exactly (V**n sequences through the same sampling pipeline). Many seeded
 speculative runs are then compared with it by a chi-square test (expected counts < 5 pooled)
 and by total-variation distance against the largest TV of 200 equally sized samples drawn from the exact
-distribution itself. Negative controls — deliberately wrong verifiers — show the check has
-the power to fail. Used by `flashtree verify` and the test-suite; no CLI code here.
+distribution itself. Every run generates past the tokens it counts, and a speculative cell
+passes only if its mean accept length is above 1 — a check where no draft was ever verified
+cannot fail and proves nothing. Negative controls — deliberately wrong verifiers, one only 10 %
+off in temperature — show the check has the power to fail. Used by `flashtree verify` and the
+test-suite; no CLI code here.
 """
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +22,7 @@ import torch
 
 from .config import DrafterConfig, ModelConfig
 from .engine.engine import Engine, EngineConfig
+from .engine.round import DraftOutput
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
 from .sampling import logits_to_probs
@@ -25,7 +30,7 @@ from .sampling_params import SamplingParams
 from .spec.verify import verify_tree
 
 
-def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 4, dtype=torch.float64):
+def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.float64):
     """A random qwen3 target over `vocab` tokens (the last is the mask) and a random drafter."""
     raw = dict(model_type="qwen3", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
@@ -85,6 +90,52 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
     return counts, (sum(taus) / len(taus) if taus else 0.0)
 
 
+def target_drafts(target: TargetModel):
+    """A patch for `sample_sequences`: drafts are the target's own most likely continuation of each
+    sequence's committed tokens, with its full ranking at every depth of that chain. They depend on
+    committed tokens only, never on the verify draws, so decoding stays lossless; unlike the random
+    tiny drafter (whose argmax chain is almost never accepted) they are accepted often, so dflash
+    chains and deep tree paths are really walked and committed."""
+    table: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    @torch.inference_mode()
+    def ranked(ctx: tuple) -> tuple[np.ndarray, np.ndarray]:
+        if ctx not in table:
+            ids = torch.tensor([ctx])
+            hidden, _ = target(ids, torch.arange(len(ctx))[None])
+            lp = torch.log_softmax(target.logits(hidden[:, -1]).double(), -1)[0].numpy()
+            order = np.argsort(-lp, kind="stable")
+            table[ctx] = lp[order], order
+        return table[ctx]
+
+    def patch(engine: Engine) -> None:
+        def draft(batch):
+            out = {}
+            for s in batch:
+                if s.method == "ar" or engine._depth_limit(s) <= 0:
+                    continue
+                ctx, lps, ids = tuple(s.prompt_ids + s.output_ids), [], []
+                for _ in range(s.block_size - 1):
+                    lp, order = ranked(ctx)
+                    lps.append(lp)
+                    ids.append(order)
+                    ctx += (int(order[0]),)
+                out[s] = DraftOutput(np.stack(lps), np.stack(ids))
+            return out
+        engine._draft = draft
+    return patch
+
+
+_TARGET_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _target_drafts(target: TargetModel):
+    """target_drafts(target), built once per target (its table is reused across cells)."""
+    if target not in _TARGET_DRAFTS:
+        _TARGET_DRAFTS[target] = target_drafts(target)
+    return _TARGET_DRAFTS[target]
+
+
 def chi_square_pooled(counts: Counter, exact: dict, n: int) -> float:
     """Pearson chi-square p-value; categories with expected count < 5 are pooled into one."""
     from scipy.stats import chi2
@@ -132,6 +183,7 @@ class Cell:
     budget: int | None
     params: SamplingParams
     n: int
+    drafts: str = "model"  # "model": the pair's drafter; "target": target_drafts (often accepted)
     p_value: float = 0.0
     tv: float = 0.0
     tv_limit: float = 0.0
@@ -139,17 +191,33 @@ class Cell:
     passed: bool = False
     notes: dict = field(default_factory=dict)
 
+    def rejected(self) -> bool:
+        """The statistics flag this cell (what a negative control must show), with drafts verified."""
+        return bool(self.notes.get("drafts_verified")) and not (self.p_value > P_MIN and self.tv <= self.tv_limit)
+
     def label(self) -> str:
         p = self.params
         b = f"/{self.budget}" if self.budget else ""
-        return f"{self.method}{b} T={p.temperature} top_k={p.top_k} top_p={p.top_p} min_p={p.min_p}"
+        d = "" if self.drafts == "model" else f" drafts={self.drafts}"
+        return f"{self.method}{b} T={p.temperature} top_k={p.top_k} top_p={p.top_p} min_p={p.min_p}{d}"
 
 
 P_MIN, TV_MARGIN = 1e-3, 0.005
 
 
-def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int = 3, seed: int = 0, patch=None) -> Cell:
+def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None, seed: int = 0, patch=None) -> Cell:
+    """Sample cell.n runs and test their first n_tokens against the exact distribution. The default
+    n_tokens = block_size + 1 counts the prefill token and every draw of the first round — root,
+    each depth of the accepted path, and the bonus after a full accept."""
+    if n_tokens is None:
+        n_tokens = drafter.config.block_size + 1 if drafter is not None else 3
+    cell.notes["n_tokens"] = n_tokens
     exact = exact_distribution(target, prompt, cell.params, n_tokens)
+    if cell.drafts == "target":
+        drafts, wrong = _target_drafts(target), patch
+        patch = (lambda eng: (drafts(eng), wrong(eng))) if wrong is not None else drafts
+    elif cell.drafts != "model":
+        raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
     counts, mean_tau = sample_sequences(target, drafter, prompt, cell.params, cell.method, cell.budget,
                                         cell.n, n_tokens, seed=seed, patch=patch)
     cell.notes["mean_accept_length"] = mean_tau
@@ -157,7 +225,8 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int = 3, seed: int
     cell.tv = total_variation(counts, exact, cell.n)
     cell.tv_limit = reference_tv(exact, cell.n, seed=seed) + TV_MARGIN
     cell.categories = len(exact)
-    cell.passed = cell.p_value > P_MIN and cell.tv <= cell.tv_limit
+    cell.notes["drafts_verified"] = cell.method == "ar" or mean_tau > 1  # else the check proved nothing
+    cell.passed = cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.notes["drafts_verified"]
     return cell
 
 
@@ -166,14 +235,17 @@ FILTERS = {"none": dict(), "top_k": dict(top_k=3), "top_p": dict(top_p=0.8), "mi
 
 
 def grid(temperatures=(0.7, 1.0, 1.5), filters=tuple(FILTERS), methods=(("dflash", None), ("ddtree", 6)),
-         n: int = 20000) -> list[Cell]:
-    return [Cell(m, b, SamplingParams(temperature=t, **FILTERS[f]), n)
-            for t, f, (m, b) in itertools.product(temperatures, filters, methods)]
+         n: int = 20000, drafts=("model",)) -> list[Cell]:
+    return [Cell(m, b, SamplingParams(temperature=t, **FILTERS[f]), n, d)
+            for t, f, (m, b), d in itertools.product(temperatures, filters, methods, drafts)]
 
 
 # --- negative controls: verifiers that are wrong on purpose; a sound check must flag them ------
-def wrong_temperature(engine: Engine, factor: float = 1.3) -> None:
-    """Verify-pass draws use temperature x factor (a classic plumbing bug)."""
+def wrong_temperature(engine: Engine, factor: float = 1.1) -> None:
+    """Verify-pass draws use temperature x factor (a classic plumbing bug). On the tiny pair at
+    T=1, top_k=5, 20,000 samples of 4 tokens: x1.1 moves TV by 0.06 and is caught with a chi-square
+    noncentrality of ~450; the check's power limit is near x1.04 (x1.05 is caught ~98 % of the
+    time, x1.03 ~20 %) — a subtle error, not only a gross one, fails it."""
     original = engine._verify
     engine._verify = lambda batch, vin, logits: original(batch, vin, logits / factor)
 
@@ -189,32 +261,43 @@ def greedy_walk_sampled_bonus(engine: Engine) -> None:
     engine._verify = _verify
 
 
-NEGATIVE_CONTROLS = {"temperature_x1.3": wrong_temperature, "greedy_walk_sampled_bonus": greedy_walk_sampled_bonus}
+NEGATIVE_CONTROLS = {"temperature_x1.1": wrong_temperature, "greedy_walk_sampled_bonus": greedy_walk_sampled_bonus}
 
-__all__ = ["tiny_pair", "exact_distribution", "sample_sequences", "chi_square_pooled", "total_variation",
-           "reference_tv", "Cell", "check_cell", "grid", "NEGATIVE_CONTROLS"]
+__all__ = ["tiny_pair", "exact_distribution", "sample_sequences", "target_drafts", "chi_square_pooled",
+           "total_variation", "reference_tv", "Cell", "check_cell", "grid", "NEGATIVE_CONTROLS"]
 
 
-def compare_with_plain(llm, n: int = 3000, prompts: list[str] | None = None, n_tokens: int = 2,
-                       temperatures=(1.0,), budget: int = 16) -> list[dict]:
-    """Two-sample chi-square: speculative vs plain (ar) samples of the first n_tokens on a real pair."""
+def compare_with_plain(llm, n: int = 3000, prompts: list[str] | None = None, n_tokens: int = 3,
+                       temperatures=(1.0,), budget: int = 16, max_tokens: int | None = None) -> list[dict]:
+    """Two-sample chi-square: speculative vs plain (ar) samples of the first n_tokens on a real pair.
+
+    Runs generate `max_tokens` (default n_tokens + the drafter's block size) so the counted tokens
+    come out of verified drafts (with max_tokens == n_tokens the depth limit leaves nothing to
+    verify); a speculative row passes only if p > P_MIN and its mean accept length is above 1."""
     from scipy.stats import chi2_contingency
     prompts = prompts or ["def main(", "import os\n"]
+    max_tokens = max_tokens if max_tokens is not None else n_tokens + llm.engine.drafter_block_size
+    if max_tokens < n_tokens:
+        raise ValueError(f"max_tokens ({max_tokens}) must be >= n_tokens ({n_tokens})")
     rows = []
     for prompt, T in itertools.product(prompts, temperatures):
         def counts(method, seed):
-            ps = [SamplingParams(temperature=T, max_tokens=n_tokens, seed=seed + i, ignore_eos=True) for i in range(n)]
-            outs = llm.generate([prompt] * n, ps, method=method, budget=budget if method == "ddtree" else None)
-            return Counter(tuple(o.token_ids[:n_tokens]) for o in outs)
-        plain = counts("ar", 0)
+            ps = [SamplingParams(temperature=T, max_tokens=max_tokens, seed=seed + i, ignore_eos=True)
+                  for i in range(n)]
+            outs = llm.generate([prompt] * n, ps, use_tqdm=False, method=method,
+                                budget=budget if method == "ddtree" else None)
+            taus = [t for o in outs for t in o.metrics.accept_lengths]
+            return Counter(tuple(o.token_ids[:n_tokens]) for o in outs), sum(taus) / max(len(taus), 1)
+        plain, _ = counts("ar", 0)
         for method in ("dflash", "ddtree"):
-            spec = counts(method, 10 ** 6)
+            spec, tau = counts(method, 10 ** 6)
             keys = sorted(set(plain) | set(spec))
             table = np.array([[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]], dtype=float)
             big = table.sum(0) >= 10  # pool sparse categories
             pooled = np.concatenate([table[:, big], table[:, ~big].sum(1, keepdims=True)], axis=1)
             pooled = pooled[:, pooled.sum(0) > 0]
             p = float(chi2_contingency(pooled)[1]) if pooled.shape[1] > 1 else 1.0
-            rows.append({"prompt": prompt, "temperature": T, "method": method, "n": n, "p_value": p,
-                         "categories": int(pooled.shape[1]), "passed": p > P_MIN})
+            rows.append({"prompt": prompt, "temperature": T, "method": method, "n": n, "n_tokens": n_tokens,
+                         "max_tokens": max_tokens, "p_value": p, "categories": int(pooled.shape[1]),
+                         "mean_accept_length": tau, "passed": p > P_MIN and tau > 1})
     return rows

@@ -3,10 +3,13 @@
 Part 1 enumerates a tiny-vocabulary pair's exact distribution and tests dflash / ddtree samples
 against it across temperatures and filters, plus negative controls (wrong verifiers that must
 be flagged). Part 2 (`--pair`) compares speculative and plain sampling on a real model pair
-(default: the bundled one) with a two-sample chi-square on short continuations.
+(default: the bundled one) with a two-sample chi-square on short continuations. Every run
+generates past the tokens it counts, and a speculative cell or row fails unless its mean
+accept length is above 1 (otherwise no draft was verified and the check proved nothing).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -19,6 +22,11 @@ def add_arguments(p) -> None:
     p.add_argument("--filters", default="none,top_k,top_p,min_p,all",
                    help="comma list of: none, top_k, top_p, min_p, all")
     p.add_argument("--budget", type=int, default=6, help="ddtree budget on the tiny pair")
+    p.add_argument("--drafts", default=None,
+                   help="comma list of: model (the tiny pair's random drafter), target (the target's own "
+                        "greedy continuation as drafts: lossless, and accepted often enough to walk deep). "
+                        "Default: both for ddtree, target for dflash (the random drafter's argmax chain is "
+                        "almost never accepted, so such a cell verifies nothing and fails the tau guard)")
     p.add_argument("--no-controls", action="store_true", help="skip the negative controls")
     p.add_argument("--pair", action="store_true", help="also check a real pair against plain sampling")
     p.add_argument("--model", default=None, help="target for --pair (default: bundled)")
@@ -42,15 +50,20 @@ def run(args) -> int:
     unknown = [f for f in filters if f not in FILTERS]
     if unknown:
         raise UserError(f"unknown filter(s) {unknown}; choose from {', '.join(FILTERS)}")
+    drafts = tuple(d.strip() for d in (args.drafts or "model,target").split(","))
+    if not drafts or any(d not in ("model", "target") for d in drafts):
+        raise UserError(f"--drafts must be a comma list of model, target; got {args.drafts!r}")
     if args.samples < 100:
         raise UserError("--samples must be >= 100")
     pair = tiny_pair()
     prompt = [1, 2, 3]
-    cells = grid(temps, filters, (("dflash", None), ("ddtree", args.budget)), n=args.samples)
+    cells = (grid(temps, filters, (("dflash", None),), n=args.samples, drafts=drafts if args.drafts else ("target",))
+             + grid(temps, filters, (("ddtree", args.budget),), n=args.samples, drafts=drafts))
     report = {"tiny_pair": [], "negative_controls": [], "pair": []}
     ok = True
-    print(f"tiny pair: V=8, first 3 tokens, {args.samples} samples per cell; pass = chi-square p > 1e-3 "
-          "and TV <= max TV of 200 direct samples + 0.005")
+    print(f"tiny pair: V=8, block size {pair[1].config.block_size}, first {pair[1].config.block_size + 1} tokens "
+          f"(every draw of the first round), {args.samples} samples per cell; pass = chi-square p > 1e-3 "
+          "and TV <= max TV of 200 direct samples + 0.005 and mean tau > 1")
     for cell in tqdm(cells, desc="verify", file=sys.stderr, dynamic_ncols=True):
         check_cell(*pair, prompt, cell)
         report["tiny_pair"].append(_row(cell))
@@ -59,13 +72,16 @@ def run(args) -> int:
                    f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.notes['mean_accept_length']:.2f}")
     if not args.no_controls:
         print("negative controls (must FAIL the check):")
-        for name, patch in NEGATIVE_CONTROLS.items():
-            cell = check_cell(*pair, prompt, Cell("ddtree", args.budget, SamplingParams(temperature=1.0, top_k=5),
-                                                   args.samples), patch=patch)
-            caught = not cell.passed
+        # dflash with target drafts: the random drafter's chains are almost never accepted
+        for (name, patch), (method, budget, kind) in itertools.product(
+                NEGATIVE_CONTROLS.items(), (("ddtree", args.budget, "model"), ("dflash", None, "target"))):
+            cell = check_cell(*pair, prompt, Cell(method, budget, SamplingParams(temperature=1.0, top_k=5),
+                                                  args.samples, kind), patch=patch)
+            caught = cell.rejected()
             ok &= caught
             report["negative_controls"].append({"control": name, "caught": caught, **_row(cell)})
-            print(f"  {'CAUGHT' if caught else 'MISSED'}  {name:30s} p={cell.p_value:.2e} TV={cell.tv:.4f}")
+            print(f"  {'CAUGHT' if caught else 'MISSED'}  {name:26s} {method:7s} drafts={kind:6s} p={cell.p_value:.2e} "
+                  f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.notes['mean_accept_length']:.2f}")
     if args.pair:
         from ..llm import LLM
         from ..exactness import compare_with_plain
@@ -74,7 +90,8 @@ def run(args) -> int:
             report["pair"].append(row)
             ok &= row["passed"]
             print(f"  {'PASS' if row['passed'] else 'FAIL'}  pair {row['method']:7s} T={row['temperature']} "
-                  f"p={row['p_value']:.4f} categories={row['categories']}")
+                  f"p={row['p_value']:.4f} categories={row['categories']} tau={row['mean_accept_length']:.2f} "
+                  f"(first {row['n_tokens']} of {row['max_tokens']} tokens)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
