@@ -6,7 +6,8 @@ prompts; per sequence a fixed number of random anchors, each opening a block
 bidirectionally to itself and to target features strictly before its anchor; cross-entropy on
 slots k = 1..B-1 against token anchor+k, weighted exp(-(k-1)/gamma); the target's embedding and
 LM head stay frozen; AdamW + cosine with warmup; checkpoints and `--resume`; `--init-from` starts
-from a trained drafter with other feature layers. The result is saved in the z-lab DFlash format. Data generation uses flashtree's own engine (method ar).
+from a trained drafter with other feature layers. The result is saved in the z-lab DFlash format.
+Data generation uses flashtree's own engine (method ar).
 """
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ def regenerate(target, tokenizer: Tokenizer, corpus: np.ndarray, recipe: Drafter
     engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=32))
     done = sum(1 for _ in out.open()) if out.is_file() else 0
     bar = tqdm(total=recipe.num_sequences, initial=done, desc="regenerate", dynamic_ncols=True)
-    for _ in range(done):  # keep the RNG stream aligned on resume
-        rng.randint(*recipe.prompt_tokens), rng.randrange(len(corpus)), rng.random()
+    for _ in range(done):  # keep the RNG stream aligned on resume: the same four draws as below
+        rng.randint(*recipe.prompt_tokens), rng.randrange(len(corpus)), rng.random(), rng.getrandbits(31)
     with out.open("a") as f:
         while done < recipe.num_sequences:
             chunk = []
