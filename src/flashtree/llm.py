@@ -40,13 +40,13 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 method: str = "ddtree", budget: int | None = None, block_size: int | None = None,
-                 device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
+                 method: str = "ddtree", budget: int | None = None, topk: int | None = None,
+                 block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
                  max_model_len: int | None = None, max_queue: int = 1024):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
-        config = EngineConfig(method=method, budget=budget, block_size=block_size,
+        config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue)
         if method != "ar" and draft is None:
@@ -80,7 +80,7 @@ class LLM:
     # ------------------------------------------------------------------ API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True, *, method: str | None = None, budget: int | None = None,
-                 block_size: int | None = None) -> list[RequestOutput]:
+                 block_size: int | None = None, topk: int | None = None) -> list[RequestOutput]:
         """Run any number of prompts (str | list[str] | list[list[int]]) to completion, in order.
 
         Prompts enter the engine as batch slots free up, so the server's queue cap never applies;
@@ -107,7 +107,7 @@ class LLM:
                     i = len(seqs)
                     try:
                         seq = self.engine.add_request(ids[i], plist[i], method=method, budget=budget,
-                                                      block_size=block_size)
+                                                      block_size=block_size, topk=topk)
                     except Exception as e:
                         e.add_note(f"(prompt {i} of {len(prompts)})")
                         raise

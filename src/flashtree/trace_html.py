@@ -43,6 +43,7 @@ class TraceMeta:
     draft: str | None
     elapsed_s: float
     completion_tokens: int
+    topk: int | None = None   # ddtree branching cap (None: no cap)
 
 
 def visible(text: str) -> str:
@@ -157,7 +158,9 @@ def render(rounds: list[dict], decode, meta: TraceMeta) -> str:
     colored = "".join(f'<span class="r{i % 2}" title="round {i + 1}, tau {e["tau"]}">'
                       f'{html.escape(decode(committed_ids(e)))}</span>' for i, e in enumerate(rounds))
     mean_tau = sum(taus) / len(taus) if taus else 0.0
-    kv = [("method", meta.method), ("budget", meta.budget if meta.method == "ddtree" else "-"),
+    tree = meta.method == "ddtree"
+    kv = [("method", meta.method), ("budget", meta.budget if tree else "-"),
+          ("topk", (meta.topk if meta.topk is not None else "no cap") if tree else "-"),
           ("block size", meta.block_size), ("temperature", f"{meta.temperature:g}"),
           ("target", meta.model), ("drafter", meta.draft or "-"), ("rounds", len(rounds)),
           ("mean τ", f"{mean_tau:.2f}"), ("tokens", meta.completion_tokens),

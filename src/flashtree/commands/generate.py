@@ -14,6 +14,8 @@ def add_model_arguments(p) -> None:
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the bundled drafter)")
     p.add_argument("--method", default="ddtree", choices=METHODS, help="decoding method (default: ddtree)")
     p.add_argument("--budget", type=int, default=None, help="DDTree draft nodes per round")
+    p.add_argument("--topk", type=int, default=None,
+                   help="DDTree branching cap: at most K children per node, 1 = a chain (default: no cap)")
     p.add_argument("--block-size", type=int, default=None, help="drafter block size (<= the drafter's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
@@ -45,8 +47,23 @@ def load_llm(args, **kw):
         resolve_dtype(args.dtype, resolve_device(args.device))
     except (ValueError, RuntimeError) as e:
         raise UserError(f"--device {args.device} --dtype {args.dtype}: {e}") from None
-    return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget,
+    check_topk(args)
+    return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
                block_size=args.block_size, device=args.device, dtype=args.dtype, **kw)
+
+
+def check_topk(args) -> None:
+    """--topk: 1 <= K <= the budget, and only with --method ddtree (checked before any weights load)."""
+    from ..engine.engine import DEFAULT_BUDGET
+    if args.topk is None:
+        return
+    if args.method != "ddtree":
+        raise UserError(f"--topk caps the branching of a DDTree; --method {args.method} has no tree: "
+                        "drop --topk or use --method ddtree")
+    budget = args.budget if args.budget is not None else DEFAULT_BUDGET
+    if not 1 <= args.topk <= budget:
+        raise UserError(f"--topk must be in [1, {budget}] (1 = a chain; at most the budget"
+                        f"{'' if args.budget is not None else ', default ' + str(DEFAULT_BUDGET)}), got {args.topk}")
 
 
 def add_prompt_arguments(p) -> None:

@@ -37,6 +37,7 @@ DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between r
 class EngineConfig:
     method: str = "ddtree"
     budget: int | None = None        # ddtree nodes per round; None = DEFAULT_BUDGET
+    topk: int | None = None          # most children per ddtree node (1 = a chain); None = no cap
     block_size: int | None = None    # None = the drafter's block size
     max_batch_size: int = 8
     max_model_len: int | None = None  # None = the target's max_position_embeddings
@@ -75,14 +76,14 @@ class EngineFailure(RuntimeError):
     """The engine is no longer usable (not one request's fault): its owner should stop it."""
 
 
-def _refuse_budget(method: str, budget) -> None:
-    """A budget sizes a DDTree; any other method would ignore it, so it is refused instead."""
+def _refuse_budget(method: str, budget, name: str = "budget", what: str = "the draft tree's size") -> None:
+    """A budget (or topk) shapes a DDTree; any other method would ignore it, so it is refused instead."""
     if budget is None or method == "ddtree":
         return
     why = ("verifies one chain of block_size-1 drafts (set its length with block_size)" if method == "dflash"
            else "drafts nothing")
-    raise RequestError(f"budget applies to method 'ddtree' only (the draft tree's size); method '{method}' "
-                       f"{why}, so budget={budget!r} would be ignored: drop it or use method='ddtree'",
+    raise RequestError(f"{name} applies to method 'ddtree' only ({what}); method '{method}' "
+                       f"{why}, so {name}={budget!r} would be ignored: drop it or use method='ddtree'",
                        "speculative")
 
 
@@ -111,8 +112,10 @@ class Engine:
         if config.method != "ar":
             self._check_method(config.method)
         _refuse_budget(config.method, config.budget)
+        _refuse_budget(config.method, config.topk, "topk", "the most children per tree node")
         if config.method == "ddtree" or config.budget is not None:
             self._check_budget(self.default_budget)
+        self.default_topk = self._check_topk(config.topk, self.default_budget) if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size) + 1  # room for one round's tree
         self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
                              tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
@@ -154,11 +157,19 @@ class Engine:
             raise RequestError(f"budget must be an integer in [1, {hi}], got {budget}", "speculative")
         return budget
 
+    def _check_topk(self, topk: int, budget: int) -> int:
+        if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= budget:
+            raise RequestError(f"topk (the most children per tree node) must be an integer in [1, budget={budget}] "
+                               f"(1 = a chain), got {topk!r}", "speculative")
+        return topk
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-                    budget: int | None = None, block_size: int | None = None) -> Sequence:
+                    budget: int | None = None, block_size: int | None = None,
+                    topk: int | None = None) -> Sequence:
         method = method or self.config.method
         self._check_method(method)
         _refuse_budget(method, budget)
+        _refuse_budget(method, topk, "topk", "the most children per tree node")
         if not prompt_ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         V = self.target.config.vocab_size
@@ -172,6 +183,7 @@ class Engine:
                                f"got {params.top_k}", "top_k")
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
+        cap = None
         if method == "ar":
             bs, bud = 1, 0
         else:
@@ -180,6 +192,9 @@ class Engine:
                 bud = bs - 1  # a chain uses every slot of the block
             else:
                 bud = self._check_budget(budget) if budget is not None else self.default_budget
+                # the engine's default cap never exceeds this request's budget; a request's own is checked
+                cap = self._check_topk(topk, bud) if topk is not None else \
+                    (min(self.default_topk, bud) if self.default_topk is not None else None)
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.device)
@@ -190,7 +205,7 @@ class Engine:
         if params.stop and self.decode is None:
             raise RequestError("stop strings need a tokenizer", "stop")
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
-                       block_size=bs, budget=bud, generator=gen, stop_ids=frozenset(stop_ids))
+                       block_size=bs, budget=bud, generator=gen, stop_ids=frozenset(stop_ids), topk=cap)
         seq.metrics.prompt_tokens = len(prompt_ids)
         self._next_id += 1
         self.waiting.append(seq)
@@ -360,7 +375,7 @@ class Engine:
         if s.method == "dflash":
             return chain_tree(s.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())
         k = min(s.budget, draft.ids.shape[1])
-        return build_ddtree(s.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], s.budget)
+        return build_ddtree(s.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], s.budget, s.topk)
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput):
         fb = ForwardBatch.for_slots([s.slot for s in batch], vin.rows, vin.mask, self.cache)

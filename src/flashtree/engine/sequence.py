@@ -48,6 +48,7 @@ class Sequence:
     budget: int                       # draft nodes per round (0 for ar)
     generator: torch.Generator | None  # None for greedy
     stop_ids: frozenset[int]
+    topk: int | None = None           # most children per ddtree node (None = no cap)
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
     length: int = 0                   # tokens in the target KV cache (= committed - 1: bonus is not)

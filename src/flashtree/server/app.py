@@ -170,8 +170,8 @@ class OpenAIServer:
                                 f"{self.limits.max_request_tokens} are allowed per request: lower n or max_tokens",
                            param="n" if req.choices > 1 else "max_tokens", code="request_too_large")
         if req.speculative is not None:
-            sub.method, sub.budget, sub.block_size = (req.speculative.method, req.speculative.budget,
-                                                      req.speculative.block_size)
+            spec = req.speculative
+            sub.method, sub.budget, sub.block_size, sub.topk = spec.method, spec.budget, spec.block_size, spec.topk
         return sub
 
     async def submit(self, sub: Submission) -> Channel:
@@ -312,7 +312,7 @@ def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
             for i, c in enumerate(h):
                 hist[i] += c
     spec = SpecUsage(rounds=len(taus), mean_accept_length=sum(taus) / len(taus) if taus else 0.0,
-                     accept_length_histogram=hist)
+                     accept_length_histogram=hist, topk=finals[0].topk if finals else None)
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
                  total_tokens=prompt_tokens + completion, spec=spec)
 

@@ -38,6 +38,7 @@ class Update:
     metrics: RequestMetrics | None = None  # the finished request's metrics
     block_size: int = 1
     error: str | None = None   # why a choice ended early ("error", "timeout", "abort" at shutdown)
+    topk: int | None = None    # the ddtree branching cap the choice ran with
 
 
 class TextDelta:
@@ -107,6 +108,7 @@ class Submission:
     method: str | None = None
     budget: int | None = None
     block_size: int | None = None
+    topk: int | None = None
     channel: Channel | None = field(default=None, repr=False)
 
 
@@ -250,7 +252,7 @@ class AsyncEngine:
         try:
             for prompt, params in zip(sub.prompts, sub.params):
                 seq = self.engine.add_request(prompt, params, method=sub.method, budget=sub.budget,
-                                              block_size=sub.block_size)
+                                              block_size=sub.block_size, topk=sub.topk)
                 ch.seqs.append(seq)
                 self._live[seq] = _Live(ch, len(ch.seqs) - 1, ch.t_arrival)
         except Exception:  # all choices or none
@@ -297,7 +299,7 @@ class AsyncEngine:
                  m.completion_tokens, m.elapsed_s, m.completion_tokens / max(m.elapsed_s, 1e-9),
                  m.mean_accept_length, m.rounds)
         text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
-        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error))
+        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error, seq.topk))
 
     def _abort_all(self, reason: str, error: str | None = None) -> None:
         for seq in list(self._live):

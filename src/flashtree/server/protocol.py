@@ -43,6 +43,7 @@ class _Strict(BaseModel):
 class Speculative(_Strict):
     method: Literal["ar", "dflash", "ddtree"] | None = None
     budget: int | None = None
+    topk: int | None = None       # most children per ddtree node (1 = a chain)
     block_size: int | None = None
 
 
@@ -213,6 +214,7 @@ class SpecUsage(BaseModel):
     rounds: int
     mean_accept_length: float
     accept_length_histogram: list[int]   # [t-1] = rounds that committed t tokens
+    topk: int | None = None              # the ddtree branching cap applied (None: no cap, or no tree)
 
 
 class Usage(BaseModel):

@@ -47,15 +47,23 @@ def chain_tree(root: int, draft_ids: list[int], draft_logprobs: list[float] | No
     return DraftTree([root, *draft_ids], list(range(-1, n)), list(range(n + 1)), [0.0, *lps])
 
 
-def build_ddtree(root: int, topk_logprobs: np.ndarray, topk_ids: np.ndarray, budget: int) -> DraftTree:
+def build_ddtree(root: int, topk_logprobs: np.ndarray, topk_ids: np.ndarray, budget: int,
+                 topk: int | None = None) -> DraftTree:
     """Best-first DDTree over per-depth top-K drafts.
 
     topk_logprobs, topk_ids: [L, K], rows in descending order (row d-1 is depth d).
     Score of a prefix = sum of its per-depth log-probs. Pop the best of a max-heap `budget`
     times; each pop pushes its next sibling (rank+1) and its first child (depth+1, rank 0).
     Ties go to the lexicographically smaller rank tuple, so trees are deterministic.
+    topk caps the branching (SGLang's --speculative-eagle-topk): only the top-`topk` ranks of
+    each depth are candidates, so no node has more than topk children; topk=1 is the chain of
+    per-depth argmaxes. None = no cap (all K ranks).
     """
     L, K = topk_ids.shape
+    if topk is not None:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1 (or None for no cap), got {topk}")
+        K = min(K, topk)
     tree = DraftTree([root], [-1], [0], [0.0])
     if budget <= 0 or L == 0:
         return tree
