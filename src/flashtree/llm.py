@@ -52,8 +52,8 @@ class LLM:
         if method != "ar" and draft is None:
             raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
-        self.target = load_target(model, dtype=dtype, device=device)
-        self.drafter = load_drafter(draft, self.target) if draft else None
+        self.target = load_target(model, dtype=dtype, device=device).fuse()
+        self.drafter = load_drafter(draft, self.target).fuse() if draft else None
         self.tokenizer = Tokenizer(model)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)

@@ -27,8 +27,7 @@ class DrafterLayer(nn.Module):
     def forward(self, x, ctx, rope_block, rope_ctx, layer: int, fb: ForwardBatch | None,
                 ctx_rows: torch.Tensor | None, mask: torch.Tensor | None):
         h = self.input_layernorm(x)
-        q = self.self_attn.project_q(h, *rope_block)
-        k, v = self.self_attn.project_kv(h, *rope_block)
+        q, k, v = self.self_attn.project(h, *rope_block)
         if ctx is not None:
             kc, vc = self.self_attn.project_kv(ctx, *rope_ctx)
         if fb is not None:
@@ -71,3 +70,10 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, rope_block, rope_ctx, i, fb, ctx_rows, mask)
         return self.norm(x)
+
+    def fuse(self) -> "DFlashDrafter":
+        """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self

@@ -1,7 +1,9 @@
 """Building blocks shared by the target and the drafter: RMSNorm, RoPE, GQA attention, SwiGLU.
 
-Parameter names follow HF transformers so safetensors checkpoints load by name. Attention
-takes an explicit boolean mask (True = may attend); no module here owns a KV cache.
+Parameter names follow HF transformers so safetensors checkpoints load by name; `fuse()` then
+merges q/k/v and gate/up into one GEMM each for inference (training keeps the HF layout).
+Attention takes an explicit boolean mask (True = may attend) or none (all keys visible); no
+module here owns a KV cache.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        if dtype == torch.float32:  # one fused op: x * rsqrt(mean(x^2) + eps) * weight
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        x = x.float()  # half precision: normalise in fp32, scale in the input dtype (as HF)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -84,18 +88,51 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def project_q(self, x, cos, sin) -> torch.Tensor:
-        q = self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim))   # [B, T, H, D]
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return apply_rope(q, cos, sin)
+    def fuse(self) -> None:
+        """Replace q/k/v_proj by one `qkv_proj` (rows q, then k, then v): one GEMM per layer."""
+        if hasattr(self, "qkv_proj"):
+            return
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
+        fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias for p in parts]))
+        fused.requires_grad_(False)
+        self.qkv_proj = fused
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, T, H, D], k and v [B, T, Hkv, D], with q/k norms and RoPE applied."""
+        if hasattr(self, "qkv_proj"):
+            nq, nkv = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q, k, v = self.qkv_proj(x).split([nq, nkv, nkv], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self._heads(q, k, v, cos, sin)
 
     def project_kv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.k_proj(x).unflatten(-1, (self.n_kv, self.head_dim))      # [B, T, Hkv, D]
-        v = self.v_proj(x).unflatten(-1, (self.n_kv, self.head_dim))
+        """k and v only (the drafter's context): the k/v rows of the fused weight."""
+        if hasattr(self, "qkv_proj"):
+            nq = self.n_heads * self.head_dim
+            w, b = self.qkv_proj.weight[nq:], self.qkv_proj.bias
+            k, v = F.linear(x, w, None if b is None else b[nq:]).chunk(2, dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        return self._heads(None, k, v, cos, sin)[1:]
+
+    def _heads(self, q, k, v, cos, sin):
+        k = k.unflatten(-1, (self.n_kv, self.head_dim))                  # [B, T, Hkv, D]
+        v = v.unflatten(-1, (self.n_kv, self.head_dim))
         if self.k_norm is not None:
             k = self.k_norm(k)
-        return apply_rope(k, cos, sin), v
+        if q is not None:
+            q = q.unflatten(-1, (self.n_heads, self.head_dim))           # [B, T, H, D]
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            q = apply_rope(q, cos, sin)
+        return q, apply_rope(k, cos, sin), v
 
     def attend(self, q, k, v, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
         # q: [B, T, H, D]; k, v: [B, S, Hkv, D]; mask: [B, 1, T, S] bool (True = visible)
@@ -113,5 +150,23 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, f, bias=b)
         self.down_proj = nn.Linear(f, h, bias=b)
 
+    def fuse(self) -> None:
+        """Replace gate/up_proj by one `gate_up_proj` (rows gate, then up): one GEMM."""
+        if hasattr(self, "gate_up_proj"):
+            return
+        g, u = self.gate_proj, self.up_proj
+        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None)
+        fused = fused.to(device=g.weight.device, dtype=g.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([g.weight, u.weight]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([g.bias, u.bias]))
+        fused.requires_grad_(False)
+        self.gate_up_proj = fused
+        del self.gate_proj, self.up_proj
+
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

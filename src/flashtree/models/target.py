@@ -45,8 +45,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, layer: int, fb: ForwardBatch | None, mask=None):
         h = self.input_layernorm(x)
-        q = self.self_attn.project_q(h, cos, sin)
-        k, v = self.self_attn.project_kv(h, cos, sin)
+        q, k, v = self.self_attn.project(h, cos, sin)
         if fb is not None:
             fb.cache.write(layer, fb.slots, fb.rows, k, v)
             k, v = fb.cache.read(layer, fb.span or fb.slots, fb.mask.shape[-1])
@@ -96,3 +95,10 @@ class TargetModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def fuse(self) -> "TargetModel":
+        """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
