@@ -39,6 +39,7 @@ from ..engine.engine import QueueFullError, RequestError
 from ..errors import UserError
 from .async_engine import AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
 from .limits import ServerLimits
+from .logs import LOG_FORMATS, configure_logging
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                        ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion, CompletionChoice,
@@ -51,13 +52,13 @@ class OpenAIServer:
     """The state behind the routes: the model, its engine loop, metrics and settings."""
 
     def __init__(self, llm, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None,
-                 allowed_hosts: list[str] | None = None, on_fatal=None):
+                 allowed_hosts: list[str] | None = None, on_fatal=None, log_interval_s: float | None = 10.0):
         self.llm, self.model_name, self.api_key = llm, model_name, api_key
         self.tokenizer, self.max_model_len = llm.tokenizer, llm.engine.max_model_len
         self.limits = (limits or ServerLimits()).resolved(self.max_model_len)
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.metrics = ServerMetrics(max_block_size=max(llm.engine.drafter_block_size, 1))
-        self.engine = AsyncEngine(llm, self.metrics, self.limits, on_fatal)
+        self.engine = AsyncEngine(llm, self.metrics, self.limits, on_fatal, log_interval_s)
         self.created = int(time.time())
 
     # ---------------------------------------------------------------- request -> submission
@@ -349,12 +350,13 @@ async def _disconnected(request: Request) -> None:
 
 def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
                limits: ServerLimits | None = None, allowed_hosts: list[str] | None = None,
-               on_fatal=None) -> FastAPI:
+               on_fatal=None, log_interval_s: float | None = 10.0) -> FastAPI:
     """A FastAPI app serving `llm`; its engine loop runs while the app's lifespan is active.
 
     allowed_hosts: Host names served (None: any); on_fatal: called from the engine thread if the
-    engine breaks for good (the CLI stops the process with a non-zero exit)."""
-    server = OpenAIServer(llm, model_name, api_key, limits, allowed_hosts, on_fatal)
+    engine breaks for good (the CLI stops the process with a non-zero exit); log_interval_s: the
+    decode-batch line's period while there is work (None or 0: never)."""
+    server = OpenAIServer(llm, model_name, api_key, limits, allowed_hosts, on_fatal, log_interval_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -513,6 +515,11 @@ def add_arguments(p) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the --model directory name, or 'flashtree')")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-interval", type=float, default=10.0,
+                   help="seconds between decode-batch log lines while there is work: running/waiting requests, "
+                        "KV use, accept len and gen throughput over the interval (default 10; 0 = off)")
+    p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                   help="text, or json: one JSON object per line, for log shippers (default text)")
 
 
 def run(args) -> int:
@@ -522,10 +529,12 @@ def run(args) -> int:
         raise UserError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.port < 65536:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    if not args.log_interval >= 0:  # also refuses nan
+        raise UserError(f"--log-interval must be >= 0 seconds (0 = no decode-batch lines), got {args.log_interval}")
     limits = ServerLimits(max_body_bytes=args.max_body_size, max_request_tokens=args.max_request_tokens,
                           max_queued_tokens=args.max_queued_tokens, queue_timeout_s=args.queue_timeout,
                           header_timeout_s=args.header_timeout, shutdown_timeout_s=args.shutdown_timeout)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     api_key = args.api_key or os.environ.get("FLASHTREE_API_KEY") or None
     if args.api_key:
         log.warning("--api-key is visible to every user of this machine (ps); set FLASHTREE_API_KEY instead")
@@ -542,12 +551,18 @@ def run(args) -> int:
         nonlocal exit_code
         exit_code = 1
         server.should_exit = True
-    app = create_app(llm, model_name=name, api_key=api_key, limits=limits, allowed_hosts=allowed, on_fatal=on_fatal)
+    app = create_app(llm, model_name=name, api_key=api_key, limits=limits, allowed_hosts=allowed, on_fatal=on_fatal,
+                     log_interval_s=args.log_interval or None)
     protocol = type("Protocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
+    # json: uvicorn's own records go through the root handler too (its default config prints text)
+    log_config = None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
-                            timeout_graceful_shutdown=limits.shutdown_timeout_s + 5)
+                            timeout_graceful_shutdown=limits.shutdown_timeout_s + 5, log_config=log_config)
     server = Server(config, app.state.server)
-    log.info("serving '%s' (%s) on http://%s:%d", name, args.method, args.host, args.port)
+    eng = llm.engine
+    shape = f", budget {eng.default_budget}, topk {eng.default_topk or 'no cap'}" if args.method == "ddtree" else ""
+    log.info("serving '%s' (%s%s) on http://%s:%d; decode-batch line every %s", name, args.method, shape,
+             args.host, args.port, f"{args.log_interval:g} s" if args.log_interval else "- (off)")
     server.run()
     if exit_code:
         log.critical("exiting with status 1: %s", app.state.server.engine.failure)

@@ -4,8 +4,9 @@ HTTP handlers never touch the engine. They hand requests and aborts to the loop 
 a thread-safe inbox (`submit`, `abort`) and receive `Update`s on their own asyncio queue
 (`Channel`), posted with `loop.call_soon_threadsafe`. Between rounds the loop drains the inbox,
 so requests join and leave the running batch at round boundaries (continuous batching) and an
-aborted request's KV slot is freed before the next round. The loop also records metrics and logs
-one line per finished request.
+aborted request's KV slot is freed before the next round. The loop also records metrics, logs
+one line per finished request and, every `log_interval_s` while there is work, the decode-batch
+line (logs.py).
 
 `TextDelta` turns successive full texts into increments that are safe to stream. Response
 formatting and HTTP live in app.py.
@@ -24,6 +25,7 @@ from ..engine.engine import QueueFullError
 from ..engine.sequence import RequestMetrics, Sequence
 from ..sampling_params import SamplingParams
 from .limits import ServerLimits
+from .logs import DecodeBatchLog
 from .metrics import ServerMetrics
 
 log = logging.getLogger("flashtree.server")
@@ -117,8 +119,10 @@ class ShuttingDown(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, llm, metrics: ServerMetrics, limits: ServerLimits | None = None, on_fatal=None):
+    def __init__(self, llm, metrics: ServerMetrics, limits: ServerLimits | None = None, on_fatal=None,
+                 log_interval_s: float | None = 10.0):
         self.llm, self.engine, self.metrics = llm, llm.engine, metrics
+        self.decode_log = DecodeBatchLog(log_interval_s, self.engine.config.method)
         self.limits = limits or ServerLimits()
         self.on_fatal = on_fatal        # called (from the loop thread) when the engine breaks for good
         self.failure: str | None = None  # why the loop stopped, if it broke
@@ -183,11 +187,15 @@ class AsyncEngine:
                     log.exception("engine loop: command %s failed", cmd[0])
             self._expire_waiting()
             if self.engine.has_work():
+                self.decode_log.begin(time.perf_counter())
                 try:
                     self._publish(self.engine.step())
                 except Exception as e:  # the engine isolates request failures: this one is its own
                     self._die(e)
                     return
+                self.decode_log.tick(self.engine)
+            else:
+                self.decode_log.idle()
             self._gauges()
 
     def _die(self, e: Exception) -> None:
@@ -275,6 +283,8 @@ class AsyncEngine:
             taus = seq.metrics.accept_lengths[live.rounds_seen:]
             live.rounds_seen += len(taus)
             self.metrics.record_request_rounds(seq.method, taus)
+            self.decode_log.record(seq.method, taus)
+        self.decode_log.generated(sum(len(ev.new_ids) for ev in events))
         for ev in events:
             live = self._live.get(ev.seq)
             if live is None:
