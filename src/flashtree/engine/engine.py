@@ -366,7 +366,7 @@ class Engine:
         """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
         (a round emits depth+1 tokens), or the context limit."""
         return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
-                   self.max_model_len - s.length - 1)
+                   self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
 
     def _tree(self, s: Sequence, draft: DraftOutput | None):
         if draft is None:
