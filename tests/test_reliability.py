@@ -210,6 +210,9 @@ def test_engine_errors_name_their_field(pair):
     with pytest.raises(RequestError) as e:
         llm.engine.add_request([1, 2], SamplingParams(top_k=1000))
     assert e.value.param == "top_k"
+    with pytest.raises(RequestError, match="block_size") as e:
+        llm.engine.add_request([1, 2], SamplingParams(), method="ar", block_size=3)
+    assert e.value.param == "speculative"
 
 
 # -------------------------------------------------------------------- 4. body size, tokenising

@@ -185,6 +185,8 @@ class Engine:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
         cap = None
         if method == "ar":
+            if block_size is not None:
+                raise RequestError("block_size applies to drafting methods; method 'ar' drafts nothing", "speculative")
             bs, bud = 1, 0
         else:
             bs = self._check_block_size(block_size) if block_size is not None else self.default_block_size
