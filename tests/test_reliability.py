@@ -464,3 +464,43 @@ def test_limits_are_validated():
         ServerLimits(max_body_bytes=0)
     with pytest.raises(ValueError, match="shutdown_timeout_s"):
         ServerLimits(shutdown_timeout_s=0)
+
+
+def test_a_broken_engine_makes_serve_exit_1(pair, tmp_path):
+    """`flashtree serve` exits non-zero when its engine breaks, so a supervisor restarts it."""
+    port = free_port()
+    script = tmp_path / "serve_broken.py"
+    script.write_text(f"""
+import sys
+from flashtree import LLM
+from flashtree.cli import build_parser
+from flashtree.server.app import run
+llm = LLM(model={pair[0]!r}, draft={pair[1]!r}, method="ar", max_batch_size=2)
+def broken(*a):
+    raise RuntimeError("the device is gone")
+llm.engine.verify_fn = broken  # the engine's verify seam: every round now fails
+args = build_parser()[0].parse_args(["serve", "--port", "{port}", "--method", "ar", "--log-level", "warning"])
+sys.exit(run(args, llm=llm))
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(base + "/health").status_code == 200
+            except httpx.TransportError:
+                return False
+        assert wait_for(up, timeout=120)
+        codes = []
+        for _ in range(12):
+            try:
+                codes.append(httpx.post(base + "/v1/completions", json={"prompt": "t1", "max_tokens": 3}).status_code)
+            except httpx.TransportError:
+                break
+        assert codes and all(c in (500, 503) for c in codes), codes
+        assert proc.wait(30) == 1
+        assert "exiting with status 1" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

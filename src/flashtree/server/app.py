@@ -522,8 +522,9 @@ def add_arguments(p) -> None:
                    help="text, or json: one JSON object per line, for log shippers (default text)")
 
 
-def run(args) -> int:
-    """`flashtree serve`. Returns 0 after a clean shutdown, 1 if the engine broke."""
+def run(args, llm=None) -> int:
+    """`flashtree serve`. Returns 0 after a clean shutdown, 1 if the engine broke.
+    `llm`: serve this already loaded LLM instead of loading the one `args` name."""
     from ..commands.generate import load_llm
     if args.max_queue < 1:
         raise UserError(f"--max-queue must be >= 1, got {args.max_queue}")
@@ -542,8 +543,9 @@ def run(args) -> int:
         allowed = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
     else:
         allowed = LOOPBACK_NAMES + [args.host] if args.host in LOOPBACK_NAMES else None
-    llm = load_llm(args, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
-                   max_queue=args.max_queue)
+    if llm is None:
+        llm = load_llm(args, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
+                       max_queue=args.max_queue)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "flashtree")
     exit_code = 0
 
