@@ -9,7 +9,7 @@ from flashtree.kv_cache import KVCache
 from flashtree.models.loader import load_target
 from flashtree.models.target import ForwardBatch
 from flashtree.engine.round import pack_trees
-from flashtree.spec.tree import DraftTree
+from flashtree.speculative.tree import DraftTree
 
 from helpers import make_hf_target
 

@@ -15,7 +15,7 @@ from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.engine.engine import RequestError
 from flashtree.errors import UserError
-from flashtree.spec.tree import build_ddtree, chain_tree
+from flashtree.speculative.tree import build_ddtree, chain_tree
 from serving import Running
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
-from flashtree.spec.tree import build_ddtree, chain_tree
-from flashtree.spec.verify import verify_tree
+from flashtree.speculative.tree import build_ddtree, chain_tree
+from flashtree.speculative.verify import verify_tree
 
 
 def topk(rows: np.ndarray, K: int):

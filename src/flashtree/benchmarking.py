@@ -179,7 +179,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     state and counters are left as they were."""
     from .engine.round import pack_trees
     from .engine.sequence import Sequence
-    from .spec.tree import chain_tree
+    from .speculative.tree import chain_tree
 
     eng = llm.engine
     block_size = eng.default_block_size

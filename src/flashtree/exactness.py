@@ -27,7 +27,7 @@ from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
 from .sampling import logits_to_probs
 from .sampling_params import SamplingParams
-from .spec.verify import verify_tree
+from .speculative.verify import verify_tree
 
 
 def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.float64):

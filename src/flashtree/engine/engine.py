@@ -22,8 +22,8 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import ForwardBatch, TargetModel
 from ..sampling import FilterPlan, logits_to_probs, sample
 from ..sampling_params import SamplingParams
-from ..spec.tree import build_ddtree, chain_tree, root_only
-from ..spec.verify import VerifyOutput, verify_tree
+from ..speculative.tree import build_ddtree, chain_tree, root_only
+from ..speculative.verify import VerifyOutput, verify_tree
 from .round import DraftOutput, VerifyInput, context_mask, pack_trees
 from .sequence import METHODS, Sequence
 

@@ -1,8 +1,8 @@
 """The data passed between the phases of a round, and packing trees into one target forward.
 
-draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`spec/tree.py`) ->
+draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
 `VerifyInput` (flat padded tensors + ancestor mask) -> target forward -> `VerifyOutput`
-(`spec/verify.py`) -> commit. Nothing here runs a model.
+(`speculative/verify.py`) -> commit. Nothing here runs a model.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..spec.tree import DraftTree
+from ..speculative.tree import DraftTree
 
 
 @dataclass(slots=True)
