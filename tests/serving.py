@@ -58,3 +58,14 @@ def wait_for(cond, timeout=20.0):
             return True
         time.sleep(0.05)
     return cond()
+
+
+def server_up(proc, base: str, timeout: float = 120.0) -> bool:
+    """Wait until the server process `proc` answers /health at `base` (fails if it exits)."""
+    def up():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else f"exited {proc.returncode}"
+        try:
+            return httpx.get(base + "/health").status_code == 200
+        except httpx.TransportError:
+            return False
+    return wait_for(up, timeout=timeout)

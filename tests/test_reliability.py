@@ -26,7 +26,7 @@ from flashtree.server.limits import ServerLimits
 from flashtree.speculative.verify import verify_tree
 from flashtree.tokenizer import Tokenizer
 from helpers import make_drafter, make_hf_target, write_tokenizer
-from serving import Running, free_port, metric, wait_for
+from serving import Running, free_port, metric, server_up, wait_for
 
 CONTEXT = 512
 BUNDLED_TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "src", "flashtree", "bundled", "target")
@@ -336,13 +336,7 @@ def test_7_sigterm_drains_with_a_deadline_and_streams_end_cleanly(pair, tmp_path
                             env={**os.environ, "FLASHTREE_API_KEY": "k3y"})
     base, auth = f"http://127.0.0.1:{port}", {"Authorization": "bearer k3y"}
     try:
-        def up():
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(base + "/health").status_code == 200
-            except httpx.TransportError:
-                return False
-        assert wait_for(up, timeout=120)
+        assert server_up(proc, base)
         assert httpx.get(base + "/metrics").status_code == 401  # the key comes from FLASHTREE_API_KEY
         ends = []
 
@@ -485,13 +479,7 @@ sys.exit(run(args, llm=llm))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        def up():
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(base + "/health").status_code == 200
-            except httpx.TransportError:
-                return False
-        assert wait_for(up, timeout=120)
+        assert server_up(proc, base)
         codes = []
         for _ in range(12):
             try:

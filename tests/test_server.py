@@ -19,7 +19,7 @@ from flashtree import LLM, SamplingParams
 from flashtree.server.app import create_app
 from flashtree.server.async_engine import TextDelta
 from helpers import make_drafter, make_hf_target, write_tokenizer
-from serving import Running, metric, wait_for
+from serving import Running, metric, server_up, wait_for
 
 CONTEXT = 512
 VOCAB = 96
@@ -326,13 +326,7 @@ def test_cli_serve_with_api_key(pair, ref):
                             env={**os.environ, "FLASHTREE_API_KEY": ""})
     base = f"http://127.0.0.1:{port}"
     try:
-        def up():
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(base + "/health").status_code == 200
-            except httpx.TransportError:
-                return False
-        assert wait_for(up, timeout=120)
+        assert server_up(proc, base)
         for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "sekret"}):
             r = httpx.post(base + "/v1/completions", json={"prompt": "t1"}, headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
