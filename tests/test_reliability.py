@@ -415,11 +415,19 @@ def test_8_errors_do_not_echo_huge_values_and_405_says_allow(server):
     assert "error" in r.json()
 
 
-def test_8_header_timeout_closes_slow_connections(pair):
+def test_8_header_and_body_timeouts_close_slow_connections(pair):
     from flashtree.server.app import HeaderTimeoutProtocol
     proto = type("P", (HeaderTimeoutProtocol,), {"header_timeout": 0.5})
-    r = serve(pair, http=proto)
+    r = serve(pair, ServerLimits(body_timeout_s=0.5), http=proto)
     try:
+        with socket.create_connection(("127.0.0.1", r.port)) as s:  # headers, then a body that stalls
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+            s.settimeout(5)
+            t0 = time.time()
+            reply = s.recv(1000)
+            assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply, reply
+            assert time.time() - t0 < 3
         with socket.create_connection(("127.0.0.1", r.port)) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # never finishes its headers
             s.settimeout(5)
