@@ -30,7 +30,8 @@ def bench(pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     argv = ["bench", "--model", str(target), "--draft", str(draft), "--prompts", str(prompts),
             "--num-prompts", "2", "--max-tokens", "6", "--methods", "ar,dflash,ddtree", "--budgets", "3",
-            "--temperatures", "0,1", "--concurrency", "1,2", "--repeats", "2", "--warmup", "0", "--out", str(out)]
+            "--temperatures", "0,1", "--concurrency", "1,2", "--repeats", "2", "--warmup", "0", "--out", str(out),
+            "--exact-samples", "2000"]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(argv)
@@ -68,6 +69,13 @@ def test_bench_writes_consistent_report(bench):
             assert k["draft"] > 0 and k["verify"] > 0 and k["c1"] > 0
             assert k["tree_size"] == {"dflash": 8, "ddtree": 4}[c["method"]]
             assert c["bound"] == pytest.approx(c["mean_accept_length"] * k["c1"] / (k["draft"] + k["verify"]))
+        x = c["exact"]  # greedy identity at T=0 (2 prompts x 2 repeats), the chi-square cell at T=1
+        if c["method"] == "ar":
+            assert x["check"] == "reference"
+        elif c["temperature"] == 0:
+            assert x == {"check": "greedy identity", "passed": True, "identical": 4, "outputs": 4}
+        else:
+            assert x["check"] == "chi-square cell" and x["passed"] and x["samples"] == 2000
         if c["concurrency"] == 1:  # peers run at batch 1 and are compared with the batch-1 cells
             for q in peers:
                 if q["temperature"] == c["temperature"]:
@@ -78,6 +86,8 @@ def test_bench_writes_consistent_report(bench):
         assert q["name"] in ("hf_generate", "hf_prompt_lookup") and q["tok_s"] > 0
         assert q["completion_tokens"] == expected_tokens
     assert "ddtree@3" in stdout and "hf_prompt_lookup" in stdout
+    assert stdout.splitlines()[0].split()[:6] == ["temp", "conc", "config", "tok/s", "tau", "exact"]
+    assert "yes 4/4" in stdout and "yes p=" in stdout and " ref " in stdout
 
 
 def test_bench_writes_pngs_and_markdown(bench):
@@ -161,6 +171,9 @@ def test_reports_carry_no_machine_paths(bench, pair, tmp_path, monkeypatch):
     (["--methods", "ar,beam"], "unknown method"),
     (["--concurrency", "0"], "concurrency"),
     (["--temperatures", "-1"], "temperatures"),
+    (["--topks", "0"], "--topks"),
+    (["--budgets", "3,4", "--topks", "1,5"], "topk [5] exceeds every budget"),
+    (["--exact-samples", "50"], "--exact-samples"),
 ])
 def test_bench_rejects_bad_arguments(pair, argv, message, capsys):
     target, draft, prompts = pair
@@ -172,3 +185,56 @@ def test_bench_speculative_methods_need_a_drafter(pair, capsys):
     target, _, prompts = pair
     assert main(["bench", "--model", str(target), "--prompts", str(prompts)]) == 2
     assert "--draft" in capsys.readouterr().err
+
+
+def test_tree_size_of_a_capped_tree():
+    from flashtree.benchmarking import tree_size
+    assert tree_size(Config("ddtree", 16), 8) == 17
+    assert tree_size(Config("ddtree", 16, 1), 8) == 8      # a chain: one node per depth
+    assert tree_size(Config("ddtree", 7, 1), 8) == 8
+    assert tree_size(Config("ddtree", 16, 2), 8) == 17     # 2 + 4 + ... > 16
+    assert tree_size(Config("ddtree", 16, 2), 3) == 7      # 2 + 4
+    assert Config("ddtree", 7, 1).label == "ddtree@7/topk1" and Config("ddtree", 7).label == "ddtree@7"
+
+
+def _wrong_bonus(tokens, parents, depths, valid, draws, max_depth):
+    """A broken verifier: whenever a draft was verified, the bonus repeats the root token."""
+    import torch
+
+    from flashtree.speculative.verify import verify_tree
+    out = verify_tree(tokens, parents, depths, valid, draws, max_depth)
+    out.bonus = torch.where(valid[:, 1:].any(1), tokens[:, 0], out.bonus)
+    return out
+
+
+def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, monkeypatch, capsys):
+    """`--temperatures 0,0.6 --top-p 0.95` with capped trees: per temperature tok/s, tau and exact; a
+    broken verifier turns every speculative cell's exact to NO and the exit code to 1."""
+    target, draft, prompts = pair
+    argv = ["bench", "--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "2",
+            "--max-tokens", "6", "--methods", "ar,ddtree", "--budgets", "3", "--topks", "none,1",
+            "--temperatures", "0,0.6", "--top-p", "0.95", "--repeats", "1", "--warmup", "0", "--no-peers",
+            "--exact-samples", "2000"]
+    assert main(argv + ["--out", str(tmp_path / "good")]) == 0
+    table = capsys.readouterr().out
+    rep = json.loads((tmp_path / "good" / "bench.json").read_text())
+    assert rep["meta"]["topks"] == [None, 1] and rep["meta"]["top_p"] == 0.95
+    assert [(c["temperature"], c["label"]) for c in rep["cells"]] == \
+        [(t, lab) for t in (0, 0.6) for lab in ("ar", "ddtree@3", "ddtree@3/topk1")]
+    for c in rep["cells"]:
+        assert c["exact"]["passed"] is True
+        if c["method"] != "ar":
+            assert c["exact"]["check"] == ("greedy identity" if c["temperature"] == 0 else "chi-square cell")
+        row = next(line for line in table.splitlines() if line.split()[:3] == [f"{c['temperature']:g}", "1", c["label"]])
+        assert f"{c['tok_s']:.1f}" in row and f"{c['mean_accept_length']:.2f}" in row
+    assert "exact: at T=0 greedy identity" in (tmp_path / "good" / "report.md").read_text()
+
+    import flashtree.engine.engine as engine_module
+    monkeypatch.setattr(engine_module, "verify_tree", _wrong_bonus)
+    assert main(argv + ["--out", str(tmp_path / "bad")]) == 1
+    out, err = capsys.readouterr()
+    rep = json.loads((tmp_path / "bad" / "bench.json").read_text())
+    for c in rep["cells"]:
+        assert c["exact"]["passed"] is (True if c["method"] == "ar" else False), c
+    assert "NOT EXACT" in err and "ddtree@3/topk1 at T=0.6" in err
+    assert " NO p=" in out and " NO " in out

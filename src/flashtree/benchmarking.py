@@ -17,10 +17,16 @@ step's remaining time (tree building, packing, sampling, the walk, commit, prefi
 relative to its isolated model costs: below 1 when a speculative round's overhead weighs more
 than a plain step's, above 1 when less (or when short generations leave rounds undrafted).
 
+Every speculative cell also says whether its output is exact (`exactness`): at T=0 by greedy
+identity — each prompt's tokens equal plain decoding's (`ar`) in the same group — and at T>0 by
+the chi-square cell of `exactness.py`: the same method, budget, topk and filters at that
+temperature on the tiny enumerable pair, its samples tested against the exact distribution.
+
 This module does no argument parsing (`commands/bench.py`) and no decoding of its own (`LLM`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -40,10 +46,13 @@ class Config:
     """One decoding configuration of our engine."""
     method: str              # "ar" | "dflash" | "ddtree"
     budget: int | None = None  # ddtree nodes per round; None otherwise
+    topk: int | None = None    # ddtree children per node at most; None = no cap
 
     @property
     def label(self) -> str:
-        return f"ddtree@{self.budget}" if self.method == "ddtree" else self.method
+        if self.method != "ddtree":
+            return self.method
+        return f"ddtree@{self.budget}" + (f"/topk{self.topk}" if self.topk is not None else "")
 
 
 @dataclass(slots=True)
@@ -54,6 +63,7 @@ class Pass:
     accept_lengths: list[int] = field(default_factory=list)  # tau of every round
     steps: int = 0                                # engine steps that ran a round (target forwards)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds in this pass
+    token_ids: list[list[int]] = field(default_factory=list)  # each prompt's output (greedy identity)
 
     @property
     def tok_s(self) -> float:
@@ -74,6 +84,8 @@ class BenchPlan:
     warmup: int = 1
     peers: bool = True
     lookup_tokens: int = 10      # prompt_lookup_num_tokens of the assisted-generation peer
+    topks: list[int | None] = field(default_factory=lambda: [None])  # ddtree branching caps (None: none)
+    exact_samples: int = 20000   # samples of each T>0 chi-square cell; 0 = no exactness check
 
     def __post_init__(self):
         for name in ("methods", "temperatures", "concurrency"):
@@ -87,14 +99,24 @@ class BenchPlan:
             raise UserError(f"bench: temperatures must be >= 0, got {self.temperatures}")
         if self.repeats < 1 or self.warmup < 0:
             raise UserError(f"bench: need --repeats >= 1 and --warmup >= 0, got {self.repeats}, {self.warmup}")
+        if not self.topks or any(k is not None and k < 1 for k in self.topks):
+            raise UserError(f"bench: --topks must list caps >= 1 (or none), got {self.topks}")
+        if "ddtree" in self.methods and self.budgets:
+            unused = [k for k in self.topks if k is not None and k > max(self.budgets)]
+            if unused:
+                raise UserError(f"bench: topk {unused} exceeds every budget ({self.budgets}); a tree of budget N "
+                                "has at most N children per node")
+        if self.exact_samples and self.exact_samples < 100:
+            raise UserError(f"bench: --exact-samples must be 0 (no check) or >= 100, got {self.exact_samples}")
 
     def configs(self) -> list[Config]:
         """`ar` first (the baseline is always measured), then the requested speculative configs."""
         out = [Config("ar")]
         if "dflash" in self.methods:
             out.append(Config("dflash"))
-        if "ddtree" in self.methods:
-            out += [Config("ddtree", b) for b in sorted(set(self.budgets))]
+        if "ddtree" in self.methods:  # each budget with each cap that fits it (topk <= budget)
+            caps = sorted(set(self.topks), key=lambda k: (k is not None, k or 0))
+            out += [Config("ddtree", b, k) for b in sorted(set(self.budgets)) for k in caps if k is None or k <= b]
         return out
 
     def passes(self) -> int:
@@ -139,11 +161,12 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     eng.timings.clear()
     forwards = eng.stats["forwards"]
     t0 = time.perf_counter()
-    outs = llm.generate(prompt_ids, params, use_tqdm=False, method=cfg.method, budget=cfg.budget)
+    outs = llm.generate(prompt_ids, params, use_tqdm=False, method=cfg.method, budget=cfg.budget, topk=cfg.topk)
     seconds = time.perf_counter() - t0
     return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
                 accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
-                steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings))
+                steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings),
+                token_ids=[o.token_ids for o in outs])
 
 
 # ---------------------------------------------------------------------------- isolated costs
@@ -166,8 +189,14 @@ class ComponentCosts:
 
 
 def tree_size(cfg: Config, block_size: int) -> int:
-    """Tokens per sequence in one verify forward: the root plus the draft nodes."""
-    return {"ar": 1, "dflash": block_size}.get(cfg.method, (cfg.budget or 0) + 1)
+    """Tokens per sequence in one verify forward: the root plus the draft nodes (a capped tree of
+    depth block_size - 1 holds at most topk + topk^2 + ... nodes)."""
+    if cfg.method != "ddtree":
+        return {"ar": 1, "dflash": block_size}[cfg.method]
+    budget = cfg.budget or 0
+    if cfg.topk is not None:
+        budget = min(budget, sum(cfg.topk ** d for d in range(1, block_size)))
+    return budget + 1
 
 
 def component_costs(llm, taus: dict[Config, float], concurrency: int, context: int,
@@ -194,7 +223,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
         budget = {"ar": 0, "dflash": bs - 1}.get(cfg.method, cfg.budget or 0)
         return [Sequence(req_id=-1, prompt_ids=[0] * context, params=SamplingParams(max_tokens=block_size + 1),
                          method=cfg.method, block_size=bs, budget=budget, generator=None, stop_ids=frozenset(),
-                         output_ids=[0], slot=slot, length=context) for slot in slots]
+                         topk=cfg.topk, output_ids=[0], slot=slot, length=context) for slot in slots]
 
     def forward_call(n: int):
         batch = seqs(Config("ar"))
@@ -276,7 +305,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
     tick = progress.update if progress is not None else (lambda n=1: None)
     block_size = llm.engine.default_block_size
     context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
-    cells, peers = [], []
+    cells, peers, chi_square = [], [], {}
     for temp in plan.temperatures:
         params = [replace(base, temperature=temp, seed=(base.seed or 0) + i) for i in range(len(prompt_ids))]
         for conc in plan.concurrency:
@@ -298,8 +327,76 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
             group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens) for name, ps in peer_runs.items()]
             peers += group_peers
             costs = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()}, conc, context)
-            cells += summarize_group(runs, temp, conc, block_size, group_peers, costs)
+            group = summarize_group(runs, temp, conc, block_size, group_peers, costs)
+            if plan.exact_samples:
+                for cell, cfg in zip(group, runs):
+                    if temp == 0:
+                        cell["exact"] = greedy_identity(runs, cfg)
+                    else:  # one cell per (config, temperature), whatever the concurrency
+                        if (cfg, temp) not in chi_square:
+                            chi_square[cfg, temp] = chi_square_cell(cfg, replace(base, temperature=temp),
+                                                                    plan.exact_samples)
+                        cell["exact"] = chi_square[cfg, temp]
+            cells += group
     return {"cells": cells, "peers": peers}
+
+
+# ---------------------------------------------------------------------------- exactness
+def greedy_identity(runs: dict[Config, list[Pass]], cfg: Config) -> dict:
+    """T=0: every prompt's tokens in every timed pass of `cfg` equal plain decoding's (the group's
+    first `ar` pass); `ar` itself is the reference (its own passes must agree with it too)."""
+    ref = runs[Config("ar")][0].token_ids
+    outs = [ids for p in runs[cfg] for ids in p.token_ids]
+    same = sum(ids == ref[i % len(ref)] for i, ids in enumerate(outs))
+    return {"check": "reference" if cfg.method == "ar" else "greedy identity", "passed": same == len(outs),
+            "identical": same, "outputs": len(outs)}
+
+
+def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None) -> dict:
+    """T>0: `exactness.check_cell` for this config at these sampling parameters — the engine's samples
+    on the tiny V=8 pair (drafts = the target's own greedy chain, so deep paths are verified) against
+    its exactly enumerated distribution; pass = chi-square p > 1e-3, TV within sampling noise, mean
+    tau > 1. `ar` is the reference. `patch(engine)` runs after the cap is set (tests: a wrong verifier)."""
+    if cfg.method == "ar":
+        return {"check": "reference", "passed": True}
+    from .exactness import Cell, check_cell
+    pair = _tiny_pair()
+    V = pair[0].config.vocab_size
+    cell_params = SamplingParams(temperature=params.temperature, top_p=params.top_p, min_p=params.min_p,
+                                 top_k=params.top_k if params.top_k < V else 0)  # top_k >= V filters nothing
+
+    def cap(engine):
+        engine.default_topk = cfg.topk  # the engine-wide cap, as LLM(topk=...) sets it
+        if patch is not None:
+            patch(engine)
+    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts="target"), patch=cap)
+    return {"check": "chi-square cell", "passed": cell.passed, "p_value": cell.p_value, "tv": cell.tv,
+            "tv_limit": cell.tv_limit, "samples": n, "categories": cell.categories,
+            "mean_accept_length": cell.notes["mean_accept_length"], "n_tokens": cell.notes["n_tokens"],
+            "pair": "exactness.tiny_pair (V=8, block 3), drafts = the target's greedy chain"}
+
+
+@functools.cache
+def _tiny_pair():
+    from .exactness import tiny_pair
+    return tiny_pair()
+
+
+def exact_label(exact: dict | None) -> str:
+    """The table's `exact` column: yes / NO with its evidence, ref for plain decoding."""
+    if not exact:
+        return "-"
+    if exact["check"] == "reference":
+        return "ref"
+    verdict = "yes" if exact["passed"] else "NO"
+    if exact["check"] == "greedy identity":
+        return f"{verdict} {exact['identical']}/{exact['outputs']}"
+    return f"{verdict} p={exact['p_value']:.2g}"
+
+
+def inexact(report: dict) -> list[dict]:
+    """Cells whose output was not shown exact."""
+    return [c for c in report["cells"] if c.get("exact") and c["exact"]["passed"] is False]
 
 
 def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int) -> dict:
@@ -332,7 +429,7 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
         speedup = tok_s / ar_tok_s if ar_tok_s else None
         phases = sorted({k for p in passes for k in p.timings})
         out.append({
-            "method": cfg.method, "budget": cfg.budget, "label": cfg.label, "temperature": temp,
+            "method": cfg.method, "budget": cfg.budget, "topk": cfg.topk, "label": cfg.label, "temperature": temp,
             "concurrency": conc, "tok_s": tok_s, "tok_s_runs": [p.tok_s for p in passes],
             "seconds_runs": [p.seconds for p in passes],
             "completion_tokens": sum(p.tokens for p in passes), "repeats": len(passes),
@@ -355,15 +452,16 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 def table(report: dict) -> str:
     """The terminal table: one row per cell, then the peers."""
-    head = ["temp", "conc", "config", "tok/s", "tau", "x ar", "x hf", "x hf-pld", "bound", "share"]
+    head = ["temp", "conc", "config", "tok/s", "tau", "exact", "x ar", "x hf", "x hf-pld", "bound", "share"]
     rows = []
     for c in report["cells"]:
         vp = c["speedup_vs_peers"]
         rows.append([f"{c['temperature']:g}", str(c["concurrency"]), c["label"], _fmt(c["tok_s"], ".1f"),
-                     _fmt(c["mean_accept_length"]), _fmt(c["speedup_vs_ar"]), _fmt(vp.get("hf_generate")),
-                     _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]), _fmt(c["bound_share"])])
+                     _fmt(c["mean_accept_length"]), exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]),
+                     _fmt(vp.get("hf_generate")), _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]),
+                     _fmt(c["bound_share"])])
     for q in report["peers"]:
-        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 6)
+        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 7)
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
@@ -387,9 +485,20 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"{_context(report)} tokens). share = speedup / bound = (1 + o_ar) / (1 + o_spec), o being a "
              "step's time beyond those model calls (tree building, packing, sampling, commit, prefill, Python) "
              "relative to them: below 1 when a speculative round's overhead weighs more than a plain step's.",
+             "", "exact: at T=0 greedy identity — `yes k/n`: k of the n outputs (prompts × timed passes) equal "
+             "plain decoding's (`ar`, ref) token for token; at T>0 the chi-square cell of `exactness.py` — the "
+             "same method, budget, topk and top-k/top-p/min-p at that temperature, "
+             f"{_exact_samples(report)} seeded runs on the tiny V=8 pair against its exactly enumerated "
+             "distribution of the first tokens (`yes p=…`: chi-square p > 1e-3, TV within sampling noise, drafts "
+             "verified). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain).",
              "", "```", table(report), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in pngs]
     return "\n".join(lines) + "\n"
+
+
+def _exact_samples(report: dict) -> str:
+    ns = sorted({c["exact"]["samples"] for c in report["cells"] if c.get("exact", {}).get("samples")})
+    return ", ".join(map(str, ns)) or "-"
 
 
 def _context(report: dict) -> str:
@@ -412,12 +521,17 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, t in enumerate(temps):
         col = colors[i % len(colors)]
-        tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t
-                       and c["concurrency"] == conc0), key=lambda c: c["budget"])
-        if tree:
-            xs = [c["budget"] for c in tree]
-            ax.plot(xs, [c["speedup_vs_ar"] for c in tree], "o-", color=col, label=f"ddtree T={t:g}")
-            ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
+        for j, k in enumerate(sorted({c.get("topk") for c in cells if c["method"] == "ddtree"},
+                                     key=lambda k: (k is not None, k or 0))):
+            tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t
+                           and c["concurrency"] == conc0 and c.get("topk") == k), key=lambda c: c["budget"])
+            if not tree:
+                continue
+            xs, name = [c["budget"] for c in tree], "ddtree" if k is None else f"ddtree topk={k}"
+            style = ("o-", "s--", "^-.", "v:")[j % 4]
+            ax.plot(xs, [c["speedup_vs_ar"] for c in tree], style, color=col, label=f"{name} T={t:g}")
+            if k is None:
+                ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
             ax.minorticks_off()

@@ -1,5 +1,6 @@
-"""`flashtree bench`: methods x budgets x temperatures x concurrency on a prompt set, plus
-transformers peers on the same weights; prints a table, writes bench.json, report.md and PNGs.
+"""`flashtree bench`: methods x budgets x topks x temperatures x concurrency on a prompt set, plus
+transformers peers on the same weights; prints a table — tok/s, tau and whether the output is
+exact, per temperature — writes bench.json, report.md and PNGs; exit code 1 if a cell is not exact.
 
 Argument handling only; measurement, the bound and the plots live in `benchmarking.py`.
 """
@@ -32,6 +33,14 @@ def _list(kind):
     return parse
 
 
+def _topks(text: str) -> list[int | None]:
+    """Comma list of branching caps; 'none' = no cap."""
+    try:
+        return [None if x.strip().lower() == "none" else int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list of integers or 'none', got '{text}'") from None
+
+
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_sampling_arguments(p)
@@ -44,8 +53,13 @@ def add_arguments(p) -> None:
                    help="comma list of ar,dflash,ddtree (default: all; ar is always run as the baseline)")
     p.add_argument("--budgets", type=_list(int), default=None,
                    help=f"comma list of DDTree budgets (default: --budget, else {','.join(map(str, DEFAULT_BUDGETS))})")
+    p.add_argument("--topks", type=_topks, default=None,
+                   help="comma list of DDTree branching caps, 'none' = no cap, each run with every budget it fits "
+                        "(default: --topk, else none); e.g. none,1 compares full trees with chains")
     p.add_argument("--temperatures", type=_list(float), default=None,
                    help="comma list (default: --temperature, else 0,1)")
+    p.add_argument("--exact-samples", type=int, default=20000,
+                   help="runs of each T>0 chi-square exactness cell (default 20000; 0 = no exactness column)")
     p.add_argument("--concurrency", type=_list(int), default=[1],
                    help="comma list of sequences decoded together (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per cell; tok/s is their median")
@@ -68,9 +82,12 @@ def plan_from_args(args):
         raise UserError("dflash/ddtree need a drafter: pass --draft DIR, or --methods ar")
     budgets = args.budgets or ([args.budget] if args.budget is not None else DEFAULT_BUDGETS)
     temps = args.temperatures or ([args.temperature] if args.temperature is not None else [0.0, 1.0])
+    topks = args.topks or [args.topk]
+    if args.exact_samples < 0:
+        raise UserError(f"--exact-samples must be >= 0, got {args.exact_samples}")
     return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
                      repeats=args.repeats, warmup=args.warmup, peers=args.peers,
-                     lookup_tokens=args.prompt_lookup_tokens)
+                     lookup_tokens=args.prompt_lookup_tokens, topks=topks, exact_samples=args.exact_samples)
 
 
 def portable_command(argv: list[str]) -> str:
@@ -107,6 +124,7 @@ def run(args) -> int:
     if not prompts:
         raise UserError(f"{args.prompts or PROMPTS_FILE}: no prompts")
     args.method = "ar" if plan.methods == ["ar"] else "ddtree"
+    args.topk = None  # caps are per pass (--topks)
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
     peer = bm.HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype) if plan.peers else None
@@ -127,6 +145,7 @@ def run(args) -> int:
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
         "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,
         "top_p": base.top_p, "min_p": base.min_p, "repeats": plan.repeats, "warmup": plan.warmup,
+        "topks": plan.topks, "exact_samples": plan.exact_samples,
         "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,
         "versions": env.versions(), "platform": env.platform_info(),
         "load": {"before": load_before, "after": bm.machine_load()},
@@ -139,4 +158,10 @@ def run(args) -> int:
     (out / "report.md").write_text(bm.markdown(report, pngs))
     print(bm.table(report))
     print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, " + ", ".join(str(p) for p in pngs))
+    bad = bm.inexact(report)
+    if bad:
+        print("flashtree bench: NOT EXACT: " + ", ".join(f"{c['label']} at T={c['temperature']:g} conc "
+                                                       f"{c['concurrency']} ({bm.exact_label(c['exact'])})" for c in bad),
+              file=sys.stderr)
+        return 1
     return 0
