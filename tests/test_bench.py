@@ -131,12 +131,13 @@ def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pai
     before = llm.generate([[5, 6, 7], [8, 9]], params)
     stats, free = dict(eng.stats), list(eng.cache._free)
     seen = {"forward": [], "draft": []}
-    real_forward, real_draft = eng._forward, eng._draft
+    real_forward, real_draft = eng._forward, eng.drafts.source
     eng._forward = lambda batch, vin: seen["forward"].append(tuple(vin.tokens.shape)) or real_forward(batch, vin)
-    eng._draft = lambda batch: seen["draft"].append((len(batch), batch[0].method)) or real_draft(batch)
+    eng.drafts.source = lambda batch: seen["draft"].append((len(batch), batch[0].method)) or real_draft(batch)
     taus = {Config("ar"): 1.0, Config("dflash"): 3.2, Config("ddtree", 3): 2.6}
     costs = component_costs(llm, taus, concurrency=2, context=20, repeats=2)
-    del eng._forward, eng._draft
+    del eng._forward
+    eng.drafts.source = real_draft
     assert sorted(costs.forward) == [1, 4, 8] and all(t > 0 for t in costs.forward.values())
     assert set(costs.draft) == {Config("dflash"), Config("ddtree", 3)} and all(t > 0 for t in costs.draft.values())
     assert costs.context == 20

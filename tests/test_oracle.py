@@ -32,7 +32,7 @@ def test_oracle_drafter_reaches_block_size(tiny_pair):
                 out[s] = DraftOutput(np.tile([0.0, -5.0], (L, 1)), ids)
             return out
 
-        eng._draft = oracle
+        eng.drafts.source = oracle
         s = eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=57, ignore_eos=True))
         while eng.has_work():
             eng.step()

@@ -20,14 +20,14 @@ def llm_for(target, drafter, method, oracle=False, **kw):
     llm = LLM(model=target, draft=drafter, method=method, device="cpu", dtype="float32", **kw)
     if oracle:  # the target's greedy chain, ranked first with certainty, so trees follow it to full depth
         target_drafts(llm.target)(llm.engine)
-        ranked = llm.engine._draft
+        ranked = llm.engine.drafts.source
 
         def confident(batch):
             out = ranked(batch)
             for d in out.values():
                 d.logprobs[:] = -5.0 * np.arange(d.logprobs.shape[1])
             return out
-        llm.engine._draft = confident
+        llm.engine.drafts.source = confident
     return llm
 
 

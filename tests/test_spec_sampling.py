@@ -82,7 +82,7 @@ def test_a_wrong_verifier_is_caught(pair, name, method, budget, drafts):
 def test_a_check_that_verifies_no_draft_fails(pair):
     """Exact samples, but from plain decoding (no drafter pass, tau = 1): the guard fails the cell."""
     def no_drafts(engine):
-        engine._draft = lambda batch: {}
+        engine.drafts.source = lambda batch: {}
 
     cell = run(pair, Cell("ddtree", 6, SamplingParams(temperature=1.0), 3000), patch=no_drafts)
     assert cell.notes["mean_accept_length"] == 1.0

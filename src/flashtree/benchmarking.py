@@ -204,7 +204,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     """Time the two model calls of a round on their own, for `concurrency` sequences of `context`
     committed tokens: the target forward for every tree size of the configs in `taus` (and for
     plain decoding), and each speculative config's drafter pass over round(tau) new context
-    features. Uses the engine's own `_forward` / `_draft` on temporary cache slots; the engine's
+    features. Uses the engine's own `_forward` and drafter pass (`engine.drafts`) on temporary cache slots; the engine's
     state and counters are left as they were."""
     from .engine.round import pack_trees
     from .engine.sequence import Sequence
@@ -217,6 +217,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
     slots = [eng.cache.allocate() for _ in range(concurrency)]
     sync = (lambda: torch.cuda.synchronize(eng.device)) if eng.device.type == "cuda" else (lambda: None)
+    made = []  # temporary sequences given drafter context
 
     def seqs(cfg: Config) -> list[Sequence]:
         bs = 1 if cfg.method == "ar" else block_size
@@ -234,8 +235,9 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
         batch = seqs(cfg)
         rows = max(1, min(round(taus[cfg]), feats.shape[1]))  # one round's accepted tokens
         for b, s in enumerate(batch):
-            s.pending = feats[b, :rows]
-        return lambda: eng._draft(batch)
+            eng.drafts.on_prefill(s, feats[b, :rows])
+        made.extend(batch)
+        return lambda: eng.drafts.source(batch)
 
     try:
         with torch.inference_mode():
@@ -255,6 +257,8 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     finally:
         for slot in reversed(slots):  # the free list ends up in its original order
             eng.cache.free(slot)
+        for s in made:
+            eng.drafts.release(s)
         eng.stats.clear()
         eng.stats.update(stats)
     forward = {n: median(ts) for (kind, n), ts in times.items() if kind == "forward"}

@@ -122,7 +122,7 @@ def target_drafts(target: TargetModel):
                     ctx += (int(order[0]),)
                 out[s] = DraftOutput(np.stack(lps), np.stack(ids))
             return out
-        engine._draft = draft
+        engine.drafts.source = draft  # the seam for where drafts come from
     return patch
 
 

@@ -14,6 +14,7 @@ from .engine.sequence import RequestMetrics, Sequence
 from .errors import UserError
 from .models.loader import load_drafter, load_target
 from .sampling_params import SamplingParams
+from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
@@ -49,8 +50,9 @@ class LLM:
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue)
-        if method != "ar" and draft is None:
-            raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use method='ar'")
+        if method in METHODS and needs_drafter(method) and draft is None:
+            free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
+            raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use {free}")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
         self.target = load_target(model, dtype=dtype, device=device).fuse()
         self.drafter = load_drafter(draft, self.target).fuse() if draft else None

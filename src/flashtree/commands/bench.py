@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..engine.sequence import METHODS
+from ..speculative.proposer import METHODS, needs_drafter
 from ..errors import UserError
 from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
 
@@ -78,8 +78,10 @@ def plan_from_args(args):
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise UserError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
-    if args.model is not None and args.draft is None and set(methods) - {"ar"}:
-        raise UserError("dflash/ddtree need a drafter: pass --draft DIR, or --methods ar")
+    drafted = [m for m in methods if needs_drafter(m)]
+    if args.model is not None and args.draft is None and drafted:
+        free = ",".join(m for m in METHODS if not needs_drafter(m))
+        raise UserError(f"{'/'.join(drafted)} need a drafter: pass --draft DIR, or --methods {free}")
     budgets = args.budgets or ([args.budget] if args.budget is not None else DEFAULT_BUDGETS)
     temps = args.temperatures or ([args.temperature] if args.temperature is not None else [0.0, 1.0])
     topks = args.topks or [args.topk]
@@ -123,7 +125,7 @@ def run(args) -> int:
     prompts = load_prompts(args.prompts)[:args.num_prompts]
     if not prompts:
         raise UserError(f"{args.prompts or PROMPTS_FILE}: no prompts")
-    args.method = "ar" if plan.methods == ["ar"] else "ddtree"
+    args.method = "ddtree" if any(needs_drafter(m) for m in plan.methods) else "ar"
     args.topk = None  # caps are per pass (--topks)
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]

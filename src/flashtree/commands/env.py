@@ -255,6 +255,7 @@ def torch_compile(device: str, timeout: float | None) -> dict:
 def model_pair(model: str | None, draft: str | None) -> dict:
     """The pair `LLM(model, draft)` would load, its key config, and what it makes available."""
     from ..llm import BUNDLED_DRAFTER, BUNDLED_TARGET
+    from ..speculative.proposer import METHODS, proposer_class
     bundled = model is None
     tdir = Path(model) if model else BUNDLED_TARGET
     ddir = Path(draft) if draft else (BUNDLED_DRAFTER if bundled else None)
@@ -263,17 +264,19 @@ def model_pair(model: str | None, draft: str | None) -> dict:
     if target["error"]:
         why = target["error"] + (" — the bundled pair is built by `flashtree train-target` and "
                                  "`flashtree train-drafter`; or pass --model DIR [--draft DIR]" if bundled else "")
-        methods = {m: {"available": False, "why": why} for m in ("ar", "dflash", "ddtree")}
+        methods = {m: {"available": False, "why": why} for m in METHODS}
     else:
-        methods = {"ar": {"available": True, "why": "plain decoding needs only the target"}}
         if drafter is None:
             why = "no drafter: pass --draft DIR (a DFlash checkpoint)"
         elif drafter["error"]:
             why = drafter["error"]
         else:
             why = None
-        for m in ("dflash", "ddtree"):
-            methods[m] = {"available": why is None, "why": why or "drafter found and matches the target"}
+        methods = {}
+        for m in METHODS:
+            cls = proposer_class(m)
+            ok = not cls.needs_drafter or why is None
+            methods[m] = {"available": ok, "why": cls.summary if ok else why}
     ok = any(v["available"] for v in methods.values())
     sampling = {mode: {"available": ok, "why": ("verified losslessly by the one verify rule for every method"
                                                 if ok else "no usable target")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..engine.sequence import METHODS
+from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
 
 
@@ -53,13 +53,13 @@ def load_llm(args, **kw):
 
 
 def check_topk(args) -> None:
-    """--topk: 1 <= K <= the budget, and only with --method ddtree (checked before any weights load)."""
+    """--topk: 1 <= K <= the budget, and only with a method that builds a tree (checked before any weights load)."""
     from ..engine.engine import DEFAULT_BUDGET
     if args.topk is None:
         return
-    if args.method != "ddtree":
+    if "topk" not in proposer_class(args.method).options:
         raise UserError(f"--topk caps the branching of a DDTree; --method {args.method} has no tree: "
-                        "drop --topk or use --method ddtree")
+                        f"drop --topk or use --method {' or '.join(takers('topk'))}")
     budget = args.budget if args.budget is not None else DEFAULT_BUDGET
     if not 1 <= args.topk <= budget:
         raise UserError(f"--topk must be in [1, {budget}] (1 = a chain; at most the budget"

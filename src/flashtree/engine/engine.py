@@ -1,10 +1,11 @@
 """The engine: continuous batching of requests through draft -> tree -> verify -> commit rounds.
 
 Each `step()` admits waiting requests (prefill, first token), then runs one round for every
-running sequence in a single target forward — plain decoding is the tree of just the root,
-DFlash the chain of argmax drafts, DDTree a best-first tree — verifies with one rule, compacts
-the KV cache to the accepted path and applies stops. Tokenisation, HTTP and scheduling
-policy beyond FIFO admission live elsewhere.
+running sequence in a single target forward: each sequence's method (`speculative/`, one
+`Proposer` per method) proposes a draft tree — plain decoding the root alone — the trees are
+packed into one forward, verified with one rule, the KV cache is compacted to the accepted path,
+the method is told what was committed (`on_commit`) and stops are applied. The engine knows no
+method by name. Tokenisation, HTTP and scheduling policy beyond FIFO admission live elsewhere.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import ForwardBatch, TargetModel
 from ..sampling import FilterPlan, logits_to_probs, sample
 from ..sampling_params import SamplingParams
-from ..speculative.tree import build_ddtree, chain_tree, root_only
+from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
+from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
-from .round import DraftOutput, VerifyInput, context_mask, pack_trees
-from .sequence import METHODS, Sequence
+from .round import VerifyInput, context_mask, pack_trees
+from .sequence import Sequence
 
 log = logging.getLogger("flashtree.engine")
 
@@ -76,15 +78,17 @@ class EngineFailure(RuntimeError):
     """The engine is no longer usable (not one request's fault): its owner should stop it."""
 
 
-def _refuse_budget(method: str, budget, name: str = "budget", what: str = "the draft tree's size") -> None:
-    """A budget (or topk) shapes a DDTree; any other method would ignore it, so it is refused instead."""
-    if budget is None or method == "ddtree":
-        return
-    why = ("verifies one chain of block_size-1 drafts (set its length with block_size)" if method == "dflash"
-           else "drafts nothing")
-    raise RequestError(f"{name} applies to method 'ddtree' only ({what}); method '{method}' "
-                       f"{why}, so {name}={budget!r} would be ignored: drop it or use method='ddtree'",
-                       "speculative")
+def _refuse_options(method: str, **given) -> None:
+    """An option the method does not take would be ignored, so it is refused instead."""
+    cls = proposer_class(method)
+    for name, value in given.items():
+        if value is None or name in cls.options:
+            continue
+        ok = takers(name)
+        which = f"method '{ok[0]}'" if len(ok) == 1 else "methods " + ", ".join(f"'{m}'" for m in ok)
+        raise RequestError(f"{name} applies to {which} only ({OPTION_MEANING[name]}); method '{method}' "
+                           f"{cls.drafts}, so {name}={value!r} would be ignored: drop it or use method='{ok[0]}'",
+                           "speculative")
 
 
 class Engine:
@@ -102,28 +106,25 @@ class Engine:
         if drafter is not None:
             dc = drafter.config
             dc.check_pair(tc)
-            self.feature_layers = list(dc.target_layer_ids)
-            self.mask_token_id = dc.mask_token_id
+            self.feature_layers = list(dc.target_layer_ids)  # the target features the drafter reads
             self.drafter_block_size = dc.block_size
         else:
             self.feature_layers, self.drafter_block_size = None, 0
         self.default_block_size = self._check_block_size(config.block_size) if drafter else 1
         self.default_budget = config.budget if config.budget is not None else DEFAULT_BUDGET
-        if config.method != "ar":
-            self._check_method(config.method)
-        _refuse_budget(config.method, config.budget)
-        _refuse_budget(config.method, config.topk, "topk", "the most children per tree node")
-        if config.method == "ddtree" or config.budget is not None:
+        method = self._check_method(config.method)
+        _refuse_options(config.method, budget=config.budget, topk=config.topk)
+        if "budget" in method.options or config.budget is not None:
             self._check_budget(self.default_budget)
         self.default_topk = self._check_topk(config.topk, self.default_budget) if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size) + 1  # room for one round's tree
-        self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
+        self.capacity = self.max_model_len + slack  # cache rows per slot
+        self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.capacity,
                              tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
-        self.draft_cache = None
-        if drafter is not None:
-            lc = drafter.config.layers
-            self.draft_cache = KVCache(lc.num_hidden_layers, config.max_batch_size, self.max_model_len + slack,
-                                       lc.num_key_value_heads, lc.head_dim, self.dtype, self.device)
+        self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
+        # one proposer per method this pair can run (a drafter-based one only with a drafter)
+        self.proposers: dict[str, Proposer] = {
+            m: proposer_class(m)(self) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._next_id = 0
@@ -135,13 +136,26 @@ class Engine:
         self.consecutive_failures = 0  # sequences failed since the last commit
 
     # ---------------------------------------------------------------- requests
-    def _check_method(self, method: str) -> None:
+    def _check_method(self, method: str) -> type[Proposer]:
         if method not in METHODS:
             raise RequestError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}",
                                "speculative")
-        if method != "ar" and self.drafter is None:
-            raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use method='ar'",
-                               "speculative")
+        cls = proposer_class(method)
+        if cls.needs_drafter and self.drafter is None:
+            free = ", ".join(f"'{m}'" for m in METHODS if not proposer_class(m).needs_drafter)
+            raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use "
+                               f"one of {free}", "speculative")
+        return cls
+
+    def block_size_of(self, block_size: int | None) -> int:
+        """A request's block size: its own (checked) or the engine's default."""
+        return self._check_block_size(block_size) if block_size is not None else self.default_block_size
+
+    def check_budget(self, budget: int) -> int:
+        return self._check_budget(budget)
+
+    def check_topk(self, topk: int, budget: int) -> int:
+        return self._check_topk(topk, budget)
 
     def _check_block_size(self, block_size: int | None) -> int:
         if block_size is None:
@@ -165,11 +179,14 @@ class Engine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                     budget: int | None = None, block_size: int | None = None,
-                    topk: int | None = None) -> Sequence:
+                    topk: int | None = None, **options) -> Sequence:
+        """options: method-specific settings (e.g. ngram's max_ngram, min_ngram, draft_len)."""
         method = method or self.config.method
         self._check_method(method)
-        _refuse_budget(method, budget)
-        _refuse_budget(method, topk, "topk", "the most children per tree node")
+        unknown = sorted(set(options) - set(OPTION_MEANING))
+        if unknown:
+            raise RequestError(f"unknown speculative option(s) {', '.join(unknown)}", "speculative")
+        _refuse_options(method, budget=budget, topk=topk, block_size=block_size, **options)
         if not prompt_ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         V = self.target.config.vocab_size
@@ -183,20 +200,7 @@ class Engine:
                                f"got {params.top_k}", "top_k")
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
-        cap = None
-        if method == "ar":
-            if block_size is not None:
-                raise RequestError("block_size applies to drafting methods; method 'ar' drafts nothing", "speculative")
-            bs, bud = 1, 0
-        else:
-            bs = self._check_block_size(block_size) if block_size is not None else self.default_block_size
-            if method == "dflash":
-                bud = bs - 1  # a chain uses every slot of the block
-            else:
-                bud = self._check_budget(budget) if budget is not None else self.default_budget
-                # the engine's default cap never exceeds this request's budget; a request's own is checked
-                cap = self._check_topk(topk, bud) if topk is not None else \
-                    (min(self.default_topk, bud) if self.default_topk is not None else None)
+        shape = self.proposers[method].configure(block_size, budget, topk, options)
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.device)
@@ -207,7 +211,7 @@ class Engine:
         if params.stop and self.decode is None:
             raise RequestError("stop strings need a tokenizer", "stop")
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
-                       block_size=bs, budget=bud, generator=gen, stop_ids=frozenset(stop_ids), topk=cap)
+                       generator=gen, stop_ids=frozenset(stop_ids), **shape)
         seq.metrics.prompt_tokens = len(prompt_ids)
         self._next_id += 1
         self.waiting.append(seq)
@@ -246,13 +250,12 @@ class Engine:
 
     def _round(self, batch: list[Sequence]):
         """Everything of a round before the commit; touches no sequence state, so it can be rerun."""
-        drafts = self._timed("draft", self._draft, batch)
-        trees = self._timed("tree", lambda: [self._tree(s, drafts.get(s)) for s in batch])
+        depths = [self._depth_limit(s) for s in batch]
+        drafts = self._timed("draft", self._draft, batch, depths)
+        trees = self._timed("tree", self._trees, batch, drafts, depths)
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits, feats = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-        for s in drafts:
-            s.pending = None  # now in the drafter's context cache
         return trees, vin, vout, feats
 
     def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
@@ -316,8 +319,7 @@ class Engine:
         first = self._sample(seqs, self.target.logits(last), [(b, b + 1) for b in range(B)])
         for b, s in enumerate(seqs):
             s.length = lens[b]
-            if self.drafter is not None and s.method != "ar":
-                s.pending = feats[b, :lens[b]]
+            self.proposers[s.method].on_prefill(s, feats[b, :lens[b]] if feats is not None else None)
         for s, tok in zip(seqs, first.tolist()):
             if not 0 <= tok < self.target.config.vocab_size:  # the sampler's "no valid token" sentinel
                 self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
@@ -325,59 +327,28 @@ class Engine:
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             self._emit(s, [tok])
 
-    def _draft(self, batch: list[Sequence]) -> dict[Sequence, DraftOutput]:
-        """One drafter pass over [bonus, MASK x (K-1)] for every speculative sequence."""
-        spec = [s for s in batch if s.method != "ar" and self._depth_limit(s) > 0]
-        if not spec:
-            return {}
-        dev, B = self.device, len(spec)
-        K = max(s.block_size for s in spec)
-        lengths = torch.tensor([s.length for s in spec], device=dev)
-        n_ctx = [s.pending.shape[0] if s.pending is not None else 0 for s in spec]
-        C = max(n_ctx)
-        F = spec[0].pending.shape[1] if C else 0
-        ctx = torch.zeros(B, C, F, dtype=self.dtype, device=dev)
-        ctx_pos = torch.zeros(B, C, dtype=torch.long, device=dev)
-        ctx_rows = lengths[:, None].expand(B, C).clone()  # padding rows land on the block, overwritten
-        for b, s in enumerate(spec):
-            n = n_ctx[b]
-            if n:
-                ctx[b, :n] = s.pending
-                ctx_pos[b, :n] = torch.arange(s.length - n, s.length, device=dev)
-                ctx_rows[b, :n] = ctx_pos[b, :n]
-        block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = torch.tensor([s.bonus for s in spec], device=dev)
-        block_pos = lengths[:, None] + torch.arange(K, device=dev)      # [B, K]
-        visible = lengths + torch.tensor([s.block_size for s in spec], device=dev)
-        S = int(max(s.length for s in spec)) + K
-        cols = torch.arange(S, device=dev)
-        mask = (cols[None, :] < visible[:, None])[:, None, None, :].expand(B, 1, K, S)  # non-causal block
-        fb = ForwardBatch.for_slots([s.slot for s in spec], block_pos, mask, self.draft_cache)
-        hidden = self.drafter(self.target.model.embed_tokens(block), block_pos, ctx if C else None,
-                              ctx_pos, fb, ctx_rows)
-        H = hidden.shape[-1]
-        slots_out = hidden[:, 1:].reshape(-1, H)          # 2-D: one GEMM instead of a slow batched matmul
-        logprobs = self.target.logits(slots_out).float().log_softmax(-1).view(B, K - 1, -1)  # [B, K-1, V]
-        k = min(max(s.budget if s.method == "ddtree" else 1 for s in spec), logprobs.shape[-1])
-        top_lp, top_ids = logprobs.topk(k, dim=-1)
-        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()           # host sync 1 of 2
-        return {s: DraftOutput(top_lp[b, :s.block_size - 1], top_ids[b, :s.block_size - 1])
-                for b, s in enumerate(spec)}
+    def _draft(self, batch: list[Sequence], depths: list[int]) -> list:
+        """Each method drafts its sequences that may still draft (depth >= 1) in one call."""
+        drafts = [None] * len(batch)
+        groups: dict[str, list[int]] = {}
+        for i, s in enumerate(batch):
+            if depths[i] > 0:
+                groups.setdefault(s.method, []).append(i)
+        for method, idx in groups.items():
+            out = self.proposers[method].draft([batch[i] for i in idx], [depths[i] for i in idx])
+            for i, d in zip(idx, out):
+                drafts[i] = d
+        return drafts
+
+    def _trees(self, batch: list[Sequence], drafts: list, depths: list[int]) -> list[DraftTree]:
+        return [root_only(s.bonus) if d is None else self.proposers[s.method].tree(s, d, depths[b])
+                for b, (s, d) in enumerate(zip(batch, drafts))]
 
     def _depth_limit(self, s: Sequence) -> int:
         """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
         (a round emits depth+1 tokens), or the context limit."""
         return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
                    self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
-
-    def _tree(self, s: Sequence, draft: DraftOutput | None):
-        if draft is None:
-            return root_only(s.bonus)
-        depth = self._depth_limit(s)
-        if s.method == "dflash":
-            return chain_tree(s.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())
-        k = min(s.budget, draft.ids.shape[1])
-        return build_ddtree(s.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], s.budget, s.topk)
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput):
         fb = ForwardBatch.for_slots([s.slot for s in batch], vin.rows, vin.mask, self.cache)
@@ -420,9 +391,7 @@ class Engine:
             path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path
             for j, i in enumerate(path):
                 slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            if self.drafter is not None and s.method != "ar":
-                new = feats[b, path]  # [tau, F]; a round that skipped drafting left older ones
-                s.pending = new if s.pending is None else torch.cat([s.pending, new])
+            self.proposers[s.method].on_commit(s, path, feats[b, path] if feats is not None else None)
             tau = len(path)
             s.length += tau
             s.metrics.rounds += 1
@@ -458,7 +427,7 @@ class Engine:
     def _release(self, s: Sequence) -> None:
         self.running.remove(s)
         self.cache.free(s.slot)
-        s.pending = None
+        self.proposers[s.method].release(s)
         s.metrics.elapsed_s = time.perf_counter() - s.t_start
 
     def _collect(self) -> list[StepEvent]:

@@ -8,8 +8,6 @@ import torch
 
 from ..sampling_params import SamplingParams
 
-METHODS = ("ar", "dflash", "ddtree")
-
 
 @dataclass(slots=True)
 class RequestMetrics:
@@ -43,16 +41,16 @@ class Sequence:
     req_id: int
     prompt_ids: list[int]
     params: SamplingParams
-    method: str                       # "ar" | "dflash" | "ddtree"
-    block_size: int                   # drafter block length (1 for ar)
+    method: str                       # a name in speculative.proposer.METHODS
+    block_size: int                   # deepest draft + 1: the drafter block length (1 for ar)
     budget: int                       # draft nodes per round (0 for ar)
     generator: torch.Generator | None  # None for greedy
     stop_ids: frozenset[int]
     topk: int | None = None           # most children per ddtree node (None = no cap)
+    options: dict = field(default_factory=dict)  # method-specific settings (e.g. ngram's n-gram sizes)
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
     length: int = 0                   # tokens in the target KV cache (= committed - 1: bonus is not)
-    pending: torch.Tensor | None = None  # [n, F] target features of tokens not yet in the drafter cache
     finish_reason: str | None = None  # None while running; "stop" | "length" | "abort" | "error"
     error: str | None = None          # why it failed, when finish_reason == "error"
     text_end: int | None = None       # where a stop string cut the text

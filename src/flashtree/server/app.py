@@ -36,6 +36,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..engine.engine import QueueFullError, RequestError
+from ..speculative.proposer import proposer_class
 from ..errors import UserError
 from .async_engine import AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
 from .limits import ServerLimits
@@ -562,7 +563,8 @@ def run(args, llm=None) -> int:
                             timeout_graceful_shutdown=limits.shutdown_timeout_s + 5, log_config=log_config)
     server = Server(config, app.state.server)
     eng = llm.engine
-    shape = f", budget {eng.default_budget}, topk {eng.default_topk or 'no cap'}" if args.method == "ddtree" else ""
+    shape = f", budget {eng.default_budget}, topk {eng.default_topk or 'no cap'}" \
+        if "budget" in proposer_class(args.method).options else ""
     log.info("serving '%s' (%s%s) on http://%s:%d; decode-batch line every %s", name, args.method, shape,
              args.host, args.port, f"{args.log_interval:g} s" if args.log_interval else "- (off)")
     server.run()

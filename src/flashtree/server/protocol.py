@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..engine.sequence import METHODS
+from ..speculative.proposer import METHODS
 from ..sampling_params import SamplingParams
 
 MAX_N = 128
@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 
 
 class Speculative(_Strict):
-    method: Literal["ar", "dflash", "ddtree"] | None = None
+    method: Literal[METHODS] | None = None  # the registry's names (speculative/proposer.py)
     budget: int | None = None
     topk: int | None = None       # most children per ddtree node (1 = a chain)
     block_size: int | None = None

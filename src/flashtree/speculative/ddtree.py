@@ -1,0 +1,28 @@
+"""`ddtree`: the best-first tree of the drafter's per-depth marginals (`tree.build_ddtree`),
+`budget` nodes, at most `topk` children per node. Shares DFlash's drafter pass."""
+from __future__ import annotations
+
+from ..engine.round import DraftOutput
+from .dflash import DFlash
+from .tree import DraftTree, build_ddtree
+
+
+class DDTree(DFlash):
+    name = "ddtree"
+    options = ("budget", "topk", "block_size")
+
+    def configure(self, block_size, budget, topk, options) -> dict:
+        eng = self.engine
+        bs = eng.block_size_of(block_size)
+        bud = eng.check_budget(budget) if budget is not None else eng.default_budget
+        # the engine's default cap never exceeds this request's budget; a request's own is checked
+        cap = eng.check_topk(topk, bud) if topk is not None else \
+            (min(eng.default_topk, bud) if eng.default_topk is not None else None)
+        return {"block_size": bs, "budget": bud, "topk": cap, "options": {}}
+
+    def ranks(self, seq) -> int:
+        return seq.budget
+
+    def tree(self, seq, draft: DraftOutput, depth: int) -> DraftTree:
+        k = min(seq.budget, draft.ids.shape[1])
+        return build_ddtree(seq.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], seq.budget, seq.topk)

@@ -1,0 +1,136 @@
+"""`dflash`: one DFlash drafter pass per round, its argmax drafts verified as a chain.
+
+`DFlashDrafts` owns what every drafter-based method shares: the drafter's context K/V cache and
+each sequence's pending target features (those of committed tokens not yet in that cache). One
+pass runs [bonus, MASK x (K-1)] for its sequences and returns per-depth top-k drafts on the host.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..engine.round import DraftOutput
+from ..kv_cache import KVCache
+from ..models.target import ForwardBatch
+from .proposer import Proposer
+from .tree import DraftTree, chain_tree
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+    from ..engine.sequence import Sequence
+
+
+class DFlashDrafts:
+    """The drafter pass. `source(seqs) -> {seq: DraftOutput}` is where drafts come from: this
+    pass (`run`) by default, or a test's oracle with the same signature."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        dc = engine.drafter.config
+        lc = dc.layers
+        self.mask_token_id = dc.mask_token_id
+        self.cache = KVCache(lc.num_hidden_layers, engine.config.max_batch_size, engine.capacity,
+                             lc.num_key_value_heads, lc.head_dim, engine.dtype, engine.device)
+        self.pending: dict[Sequence, torch.Tensor] = {}  # [n, F] features not yet in the drafter cache
+        self.fed: dict[Sequence, int] = {}               # pending rows this round's pass wrote to the cache
+        self.source = self.run
+
+    def run(self, seqs: list[Sequence]) -> dict[Sequence, DraftOutput]:
+        """One drafter pass over [bonus, MASK x (K-1)] for every sequence; writes the pending
+        context rows to the drafter cache (rerunning rewrites the same rows)."""
+        eng = self.engine
+        dev, B = eng.device, len(seqs)
+        K = max(s.block_size for s in seqs)
+        lengths = torch.tensor([s.length for s in seqs], device=dev)
+        pend = [self.pending.get(s) for s in seqs]
+        n_ctx = [p.shape[0] if p is not None else 0 for p in pend]
+        C = max(n_ctx)
+        F = next(p for p in pend if p is not None).shape[1] if C else 0
+        ctx = torch.zeros(B, C, F, dtype=eng.dtype, device=dev)
+        ctx_pos = torch.zeros(B, C, dtype=torch.long, device=dev)
+        ctx_rows = lengths[:, None].expand(B, C).clone()  # padding rows land on the block, overwritten
+        for b, s in enumerate(seqs):
+            n = n_ctx[b]
+            if n:
+                ctx[b, :n] = pend[b]
+                ctx_pos[b, :n] = torch.arange(s.length - n, s.length, device=dev)
+                ctx_rows[b, :n] = ctx_pos[b, :n]
+        block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = torch.tensor([s.bonus for s in seqs], device=dev)
+        block_pos = lengths[:, None] + torch.arange(K, device=dev)      # [B, K]
+        visible = lengths + torch.tensor([s.block_size for s in seqs], device=dev)
+        S = int(max(s.length for s in seqs)) + K
+        cols = torch.arange(S, device=dev)
+        mask = (cols[None, :] < visible[:, None])[:, None, None, :].expand(B, 1, K, S)  # non-causal block
+        fb = ForwardBatch.for_slots([s.slot for s in seqs], block_pos, mask, self.cache)
+        hidden = eng.drafter(eng.target.model.embed_tokens(block), block_pos, ctx if C else None,
+                             ctx_pos, fb, ctx_rows)
+        H = hidden.shape[-1]
+        slots_out = hidden[:, 1:].reshape(-1, H)          # 2-D: one GEMM instead of a slow batched matmul
+        logprobs = eng.target.logits(slots_out).float().log_softmax(-1).view(B, K - 1, -1)  # [B, K-1, V]
+        k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
+        top_lp, top_ids = logprobs.topk(k, dim=-1)
+        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()           # host sync 1 of 2
+        for s, n in zip(seqs, n_ctx):
+            self.fed[s] = n
+        return {s: DraftOutput(top_lp[b, :s.block_size - 1], top_ids[b, :s.block_size - 1])
+                for b, s in enumerate(seqs)}
+
+    def on_prefill(self, seq: Sequence, feats: torch.Tensor) -> None:
+        self.pending[seq] = feats
+        self.fed.pop(seq, None)
+
+    def on_commit(self, seq: Sequence, feats: torch.Tensor) -> None:
+        """Drop the rows the round's pass put in the cache; queue the committed tokens' features."""
+        old, n = self.pending.get(seq), self.fed.pop(seq, 0)
+        old = old[n:] if old is not None and n < old.shape[0] else None
+        self.pending[seq] = feats if old is None else torch.cat([old, feats])
+
+    def release(self, seq: Sequence) -> None:
+        self.pending.pop(seq, None)
+        self.fed.pop(seq, None)
+
+
+def drafts_of(engine: Engine) -> DFlashDrafts:
+    """The engine's one drafter pass, shared by every drafter-based method (built on first use)."""
+    if engine.drafts is None:
+        engine.drafts = DFlashDrafts(engine)
+    return engine.drafts
+
+
+class DFlash(Proposer):
+    """The drafter's argmax at each depth, as one chain."""
+    name = "dflash"
+    needs_drafter = True
+    options = ("block_size",)
+    drafts = "verifies one chain of block_size-1 drafts (set its length with block_size)"
+    summary = "drafter found and matches the target"
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        drafts_of(engine)
+
+    def configure(self, block_size, budget, topk, options) -> dict:
+        bs = self.engine.block_size_of(block_size)
+        return {"block_size": bs, "budget": bs - 1, "topk": None, "options": {}}  # a chain uses every slot
+
+    def ranks(self, seq: Sequence) -> int:
+        """Top-k width of the draft this method needs per depth."""
+        return 1
+
+    def draft(self, seqs, depths) -> list:
+        out = self.engine.drafts.source(seqs)
+        return [out.get(s) for s in seqs]
+
+    def tree(self, seq, draft: DraftOutput, depth: int) -> DraftTree:
+        return chain_tree(seq.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())
+
+    def on_prefill(self, seq, feats) -> None:
+        self.engine.drafts.on_prefill(seq, feats)
+
+    def on_commit(self, seq, path, feats) -> None:
+        self.engine.drafts.on_commit(seq, feats)
+
+    def release(self, seq) -> None:
+        self.engine.drafts.release(seq)

@@ -1,0 +1,86 @@
+"""The drafting-method seam: the `Proposer` interface and the one registry of methods.
+
+A method turns a sequence's committed tokens (and whatever state it keeps, e.g. the drafter's
+context) into a `DraftTree` each round; the engine packs every tree into one target forward,
+walks it with the one verify rule (`verify.py`) and commits the accepted path, then tells the
+method what was committed (`on_commit`). Methods never see the verify draws, so every method is
+lossless. Packing, verification and the walk are shared; nothing here runs the target.
+
+Adding a method = one file with a `Proposer` subclass + its line in `REGISTRY`. The server's
+schema, the CLI choices, `bench`, `env` and the error messages all read `METHODS`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, ClassVar
+
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..engine.engine import Engine
+    from ..engine.sequence import Sequence
+
+# the one list of drafting methods: name -> "module:Class" in this package
+REGISTRY: dict[str, str] = {
+    "ar": "ar:AR",
+    "dflash": "dflash:DFlash",
+    "ddtree": "ddtree:DDTree",
+}
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+
+# what each per-request option shapes, for the messages that refuse it
+OPTION_MEANING = {"budget": "the draft tree's size", "topk": "the most children per tree node",
+                  "block_size": "the drafter's block length", "max_ngram": "the longest n-gram looked up",
+                  "min_ngram": "the shortest n-gram looked up", "draft_len": "the n-gram chain's length"}
+
+
+class Proposer:
+    """One drafting method. One instance per engine, shared by all its sequences of that method;
+    per-sequence state lives in dicts keyed by the `Sequence` (freed in `release`)."""
+    name: ClassVar[str]
+    needs_drafter: ClassVar[bool] = False
+    options: ClassVar[tuple[str, ...]] = ()    # per-request options it takes (others are refused)
+    drafts: ClassVar[str] = "drafts nothing"   # how it drafts, for the messages that refuse an option
+    summary: ClassVar[str] = ""                # one line for `env` and the docs
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def configure(self, block_size: int | None, budget: int | None, topk: int | None,
+                  options: dict) -> dict:
+        """Validate a request's options (only those in `options` reach here) and return its
+        `Sequence` fields: block_size (deepest draft + 1), budget (nodes), topk, options."""
+        return {"block_size": 1, "budget": 0, "topk": None, "options": {}}
+
+    def draft(self, seqs: list[Sequence], depths: list[int]) -> list:
+        """This round's draft of each sequence (depths[i] >= 1: the deepest node worth verifying),
+        or None for "no draft" (the tree is the root alone). Must not change sequence state."""
+        return [None] * len(seqs)
+
+    def tree(self, seq: Sequence, draft, depth: int) -> DraftTree:
+        raise NotImplementedError
+
+    def on_prefill(self, seq: Sequence, feats: torch.Tensor | None) -> None:
+        """The prompt is in the target cache; feats [n, F] (None without a drafter)."""
+
+    def on_commit(self, seq: Sequence, path: list[int], feats: torch.Tensor | None) -> None:
+        """The accepted nodes `path` (root first) are committed; feats [tau, F] are theirs."""
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence left the engine: drop its state."""
+
+
+def proposer_class(method: str) -> type[Proposer]:
+    module, cls = REGISTRY[method].split(":")
+    return getattr(importlib.import_module(f".{module}", __package__), cls)
+
+
+def needs_drafter(method: str) -> bool:
+    return proposer_class(method).needs_drafter
+
+
+def takers(option: str) -> list[str]:
+    """The methods that take a per-request option."""
+    return [m for m in METHODS if option in proposer_class(m).options]
