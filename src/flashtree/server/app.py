@@ -30,7 +30,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import multiprocessing
 import signal
+from concurrent.futures import ProcessPoolExecutor
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -59,6 +61,7 @@ class OpenAIServer:
         self.limits = (limits or ServerLimits()).resolved(self.max_model_len)
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.metrics = ServerMetrics(max_block_size=max(llm.engine.drafter_block_size, 1))
+        self.tokenizing = Tokenizing(llm.tokenizer, llm.model_path)
         self.engine = AsyncEngine(llm, self.metrics, self.limits, on_fatal, log_interval_s)
         self.created = int(time.time())
 
@@ -121,30 +124,31 @@ class OpenAIServer:
                                 f"{param} is {len(text)} characters long (more than that many tokens)",
                            param=param, code="context_length_exceeded")
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         if not req.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in req.messages]
+        size = sum(len(m["content"]) for m in messages)
         self.check_prompt_size("".join(m["content"] for m in messages), "messages")
         try:
-            return self.tokenizer.encode_chat(messages)
+            return await self.tokenizing.run("chat", messages, size)
         except Exception as e:  # a template may raise anything (jinja errors, raise_exception)
             raise APIError(400, f"the chat template could not render these messages: {e}", param="messages") from None
 
-    def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+    async def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         prompts = req.prompts()
         if not prompts:
             raise APIError(400, "prompt must not be empty", param="prompt")
         V = self.llm.target.config.vocab_size
-        out = []
+        texts = [p for p in prompts if isinstance(p, str)]
         for p in prompts:
             if isinstance(p, list) and any(not 0 <= t < V for t in p):
                 raise APIError(400, f"prompt token ids must be in [0, {V})", param="prompt")
             if isinstance(p, str):
                 self.check_prompt_size(p, "prompt")
-            out.append(self.tokenizer.encode(p, special=False) if isinstance(p, str) else list(p))
-        return out
+        encoded = iter(await self.tokenizing.run("text", texts, sum(map(len, texts))) if texts else [])
+        return [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
 
     def submission(self, req, prompts: list[list[int]], prompt_param: str) -> Submission:
         """One engine request per (prompt, choice), with context-length checks."""
@@ -174,6 +178,7 @@ class OpenAIServer:
         if req.speculative is not None:
             spec = req.speculative
             sub.method, sub.budget, sub.block_size, sub.topk = spec.method, spec.budget, spec.block_size, spec.topk
+            sub.options = spec.options()
         return sub
 
     async def submit(self, sub: Submission) -> Channel:
@@ -241,10 +246,10 @@ class OpenAIServer:
         cls = ChatCompletionRequest if kind == "chat" else CompletionRequest
         req = parse_request(cls, await self.read_body(request))
         self.check_model(req.model)
-        if kind == "chat":  # tokenising is CPU work: off the event loop
-            prompts, param = [await asyncio.to_thread(self.chat_prompt, req)], "messages"
+        if kind == "chat":
+            prompts, param = [await self.chat_prompt(req)], "messages"
         else:
-            prompts, param = await asyncio.to_thread(self.completion_prompts, req), "prompt"
+            prompts, param = await self.completion_prompts(req), "prompt"
         sub = self.submission(req, prompts, param)
         fmt = _Format(kind, self.model_name)
         channel = await self.submit(sub)
@@ -264,6 +269,49 @@ class OpenAIServer:
             if u.finish_reason in ("error", "timeout") or (u.finish_reason == "abort" and u.error):
                 raise _early_end(u)
         return JSONResponse(fmt.response(finals, usage_of(finals)).model_dump())
+
+
+class Tokenizing:
+    """Tokenises request texts off the event loop: in a thread, or — over BIG characters — in a
+    worker process of its own, because the tokenizer may hold the interpreter (the GIL) for the
+    whole of a huge input and stall every stream and /health with it (seen: 6 s for 6 MB)."""
+    BIG = 1 << 16
+
+    def __init__(self, tokenizer, path):
+        self.tokenizer, self.path, self.pool = tokenizer, str(path), None
+
+    async def run(self, kind: str, payload, size: int):
+        """kind "chat": payload = messages -> ids; kind "text": payload = [str] -> [ids]."""
+        if size <= self.BIG:
+            return await asyncio.to_thread(_encode, self.tokenizer, kind, payload)
+        if self.pool is None:  # spawned on first use: a fork of this threaded process is unsafe
+            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_load_worker_tokenizer, initargs=(self.path,))
+        return await asyncio.get_running_loop().run_in_executor(self.pool, _encode_in_worker, kind, payload)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _encode(tokenizer, kind: str, payload):
+    """Special-token strings typed by users are text (Tokenizer.encode_chat / special=False)."""
+    if kind == "chat":
+        return tokenizer.encode_chat(payload)
+    return [tokenizer.encode(t, special=False) for t in payload]
+
+
+_WORKER_TOKENIZER = None
+
+
+def _load_worker_tokenizer(path: str) -> None:
+    global _WORKER_TOKENIZER
+    from ..tokenizer import Tokenizer
+    _WORKER_TOKENIZER = Tokenizer(path)
+
+
+def _encode_in_worker(kind: str, payload):
+    return _encode(_WORKER_TOKENIZER, kind, payload)
 
 
 class _Format:
@@ -364,6 +412,7 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
         server.engine.start()
         yield
         server.engine.shutdown()
+        server.tokenizing.close()
 
     app = FastAPI(title="flashtree", lifespan=lifespan)
     app.state.server = server
