@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from safetensors import safe_open
 
 from flashtree.cli import main
 from flashtree.commands import env
+from flashtree.speculative.proposer import METHODS
 from helpers import make_drafter
 
 
@@ -36,7 +38,7 @@ def test_env_reports_installation_and_pair(pair, capsys):
     assert c["torch_compile"]["probed"] is False and c["torch_compile"]["works"] is None
     if r["device"]["selected"] == "cpu":
         assert c["cuda_graphs"]["works"] is False
-    assert all(m["available"] for m in r["methods"].values()) and set(r["methods"]) == {"ar", "dflash", "ddtree"}
+    assert all(m["available"] for m in r["methods"].values()) and list(r["methods"]) == list(METHODS)
     assert r["sampling"]["top_p"]["available"] and r["sampling"]["greedy"]["available"]
     t, d = r["pair"]["target"], r["pair"]["drafter"]
     assert r["pair"]["bundled"] is False and t["error"] is None and d["error"] is None
@@ -50,7 +52,7 @@ def test_env_reports_installation_and_pair(pair, capsys):
 def test_env_without_drafter_says_why(pair, capsys):
     target, _ = pair
     r = env_json(capsys, "--model", target)
-    assert r["methods"]["ar"]["available"]
+    assert r["methods"]["ar"]["available"] and r["methods"]["ngram"]["available"]  # no drafter needed
     for m in ("dflash", "ddtree"):
         assert not r["methods"][m]["available"] and "--draft" in r["methods"][m]["why"]
     assert r["pair"]["drafter"] is None

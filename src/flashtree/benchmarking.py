@@ -37,6 +37,7 @@ import torch
 
 from .errors import UserError
 from .sampling_params import SamplingParams
+from .speculative.proposer import METHODS, needs_drafter, proposer_class
 
 PEERS = ("hf_generate", "hf_prompt_lookup")
 
@@ -50,9 +51,9 @@ class Config:
 
     @property
     def label(self) -> str:
-        if self.method != "ddtree":
+        if self.budget is None:
             return self.method
-        return f"ddtree@{self.budget}" + (f"/topk{self.topk}" if self.topk is not None else "")
+        return f"{self.method}@{self.budget}" + (f"/topk{self.topk}" if self.topk is not None else "")
 
 
 @dataclass(slots=True)
@@ -112,11 +113,14 @@ class BenchPlan:
     def configs(self) -> list[Config]:
         """`ar` first (the baseline is always measured), then the requested speculative configs."""
         out = [Config("ar")]
-        if "dflash" in self.methods:
-            out.append(Config("dflash"))
-        if "ddtree" in self.methods:  # each budget with each cap that fits it (topk <= budget)
-            caps = sorted(set(self.topks), key=lambda k: (k is not None, k or 0))
-            out += [Config("ddtree", b, k) for b in sorted(set(self.budgets)) for k in caps if k is None or k <= b]
+        caps = sorted(set(self.topks), key=lambda k: (k is not None, k or 0))
+        for m in METHODS:  # registry order
+            if m == "ar" or m not in self.methods:
+                continue
+            if "budget" in proposer_class(m).options:  # each budget with each cap that fits it (topk <= budget)
+                out += [Config(m, b, k) for b in sorted(set(self.budgets)) for k in caps if k is None or k <= b]
+            else:
+                out.append(Config(m))
         return out
 
     def passes(self) -> int:
@@ -178,21 +182,22 @@ class ComponentCosts:
     """Seconds of one isolated target forward / drafter pass at one concurrency, timed apart
     from the rounds on synthetic sequences of `context` committed tokens."""
     forward: dict[int, float]       # tokens per sequence (tree size) -> one target forward
-    draft: dict[Config, float]      # one drafter pass for that configuration
+    draft: dict[Config, float]      # one drafter pass for that configuration (none: no drafter)
     context: int
+    draft_len: int = 10             # the engine's ngram chain length (its tree size - 1)
 
     def bound(self, cfg: Config, tau: float, block_size: int) -> float:
         if cfg.method == "ar":
             return 1.0
-        n = tree_size(cfg, block_size)
-        return tau * self.forward[1] / max(self.draft[cfg] + self.forward[n], 1e-12)
+        n = tree_size(cfg, block_size, self.draft_len)
+        return tau * self.forward[1] / max(self.draft.get(cfg, 0.0) + self.forward[n], 1e-12)
 
 
-def tree_size(cfg: Config, block_size: int) -> int:
+def tree_size(cfg: Config, block_size: int, draft_len: int = 10) -> int:
     """Tokens per sequence in one verify forward: the root plus the draft nodes (a capped tree of
-    depth block_size - 1 holds at most topk + topk^2 + ... nodes)."""
-    if cfg.method != "ddtree":
-        return {"ar": 1, "dflash": block_size}[cfg.method]
+    depth block_size - 1 holds at most topk + topk^2 + ... nodes; an ngram chain at most draft_len)."""
+    if "budget" not in proposer_class(cfg.method).options:
+        return {"ar": 1, "dflash": block_size, "ngram": draft_len + 1}[cfg.method]
     budget = cfg.budget or 0
     if cfg.topk is not None:
         budget = min(budget, sum(cfg.topk ** d for d in range(1, block_size)))
@@ -212,7 +217,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
 
     eng = llm.engine
     block_size = eng.default_block_size
-    sizes = sorted({tree_size(c, block_size) for c in taus} | {1})
+    sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
     stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
     slots = [eng.cache.allocate() for _ in range(concurrency)]
@@ -244,7 +249,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
             calls = {("forward", n): forward_call(n) for n in sizes}
             feats = calls["forward", sizes[-1]]()[1]  # real target features [B, N, F] for the drafter
             if eng.drafter is not None:
-                calls.update({("draft", cfg): draft_call(cfg, feats) for cfg in taus if cfg.method != "ar"})
+                calls.update({("draft", cfg): draft_call(cfg, feats) for cfg in taus if needs_drafter(cfg.method)})
             times = {key: [] for key in calls}
             for r in range(repeats + 1):  # interleaved, so machine noise hits every component alike
                 for key, call in calls.items():
@@ -263,7 +268,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
         eng.stats.update(stats)
     forward = {n: median(ts) for (kind, n), ts in times.items() if kind == "forward"}
     draft = {cfg: median(ts) for (kind, cfg), ts in times.items() if kind == "draft"}
-    return ComponentCosts(forward=forward, draft=draft, context=context)
+    return ComponentCosts(forward=forward, draft=draft, context=context, draft_len=eng.config.draft_len)
 
 
 class HFPeer:
@@ -373,7 +378,8 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None) -> 
         engine.default_topk = cfg.topk  # the engine-wide cap, as LLM(topk=...) sets it
         if patch is not None:
             patch(engine)
-    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts="target"), patch=cap)
+    drafts = "target" if needs_drafter(cfg.method) else "model"  # ngram: its own drafts from the context
+    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts=drafts), patch=cap)
     return {"check": "chi-square cell", "passed": cell.passed, "p_value": cell.p_value, "tv": cell.tv,
             "tv_limit": cell.tv_limit, "samples": n, "categories": cell.categories,
             "mean_accept_length": cell.notes["mean_accept_length"], "n_tokens": cell.notes["n_tokens"],

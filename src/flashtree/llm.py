@@ -43,13 +43,15 @@ class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  method: str = "ddtree", budget: int | None = None, topk: int | None = None,
                  block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
-                 max_model_len: int | None = None, max_queue: int = 1024):
+                 max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
+                 min_ngram: int | None = None, draft_len: int | None = None):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
-                              max_queue=max_queue)
+                              max_queue=max_queue, **{k: v for k, v in (("max_ngram", max_ngram), (
+                                  "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
             raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use {free}")
@@ -82,8 +84,9 @@ class LLM:
     # ------------------------------------------------------------------ API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True, *, method: str | None = None, budget: int | None = None,
-                 block_size: int | None = None, topk: int | None = None) -> list[RequestOutput]:
+                 block_size: int | None = None, topk: int | None = None, **options) -> list[RequestOutput]:
         """Run any number of prompts (str | list[str] | list[list[int]]) to completion, in order.
+        `options`: method-specific settings (ngram: max_ngram, min_ngram, draft_len).
 
         Prompts enter the engine as batch slots free up, so the server's queue cap never applies;
         `use_tqdm` shows a progress bar when stderr is a terminal.
@@ -109,7 +112,7 @@ class LLM:
                     i = len(seqs)
                     try:
                         seq = self.engine.add_request(ids[i], plist[i], method=method, budget=budget,
-                                                      block_size=block_size, topk=topk)
+                                                      block_size=block_size, topk=topk, **options)
                     except Exception as e:
                         e.add_note(f"(prompt {i} of {len(prompts)})")
                         raise

@@ -50,7 +50,7 @@ def add_arguments(p) -> None:
                    "(default: the bundled held-out stdlib prompts)")
     p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
     p.add_argument("--methods", type=_list(str), default=None,
-                   help="comma list of ar,dflash,ddtree (default: all; ar is always run as the baseline)")
+                   help=f"comma list of {','.join(METHODS)} (default: all; ar is always run as the baseline)")
     p.add_argument("--budgets", type=_list(int), default=None,
                    help=f"comma list of DDTree budgets (default: --budget, else {','.join(map(str, DEFAULT_BUDGETS))})")
     p.add_argument("--topks", type=_topks, default=None,

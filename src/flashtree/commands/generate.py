@@ -17,6 +17,9 @@ def add_model_arguments(p) -> None:
     p.add_argument("--topk", type=int, default=None,
                    help="DDTree branching cap: at most K children per node, 1 = a chain (default: no cap)")
     p.add_argument("--block-size", type=int, default=None, help="drafter block size (<= the drafter's)")
+    p.add_argument("--max-ngram", type=int, default=None, help="ngram: longest suffix n-gram looked up (default 3)")
+    p.add_argument("--min-ngram", type=int, default=None, help="ngram: shortest suffix n-gram looked up (default 1)")
+    p.add_argument("--draft-len", type=int, default=None, help="ngram: longest chain copied per round (default 10)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
 
@@ -49,7 +52,9 @@ def load_llm(args, **kw):
         raise UserError(f"--device {args.device} --dtype {args.dtype}: {e}") from None
     check_topk(args)
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
-               block_size=args.block_size, device=args.device, dtype=args.dtype, **kw)
+               block_size=args.block_size, device=args.device, dtype=args.dtype,
+               max_ngram=getattr(args, "max_ngram", None), min_ngram=getattr(args, "min_ngram", None),
+               draft_len=getattr(args, "draft_len", None), **kw)
 
 
 def check_topk(args) -> None:

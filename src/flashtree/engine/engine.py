@@ -45,6 +45,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the target's max_position_embeddings
     max_queue: int = 1024
     max_budget: int = 256            # the largest per-request ddtree budget (sizes the cache slack)
+    max_ngram: int = 3               # ngram: the longest suffix n-gram looked up
+    min_ngram: int = 1               # ngram: the shortest
+    draft_len: int = 10              # ngram: the longest chain copied (transformers' prompt_lookup_num_tokens)
     max_consecutive_failures: int = 8  # sequences failing in a row (none committing) = a broken engine
 
     def __post_init__(self):
@@ -117,7 +120,7 @@ class Engine:
         if "budget" in method.options or config.budget is not None:
             self._check_budget(self.default_budget)
         self.default_topk = self._check_topk(config.topk, self.default_budget) if config.topk is not None else None
-        slack = max(config.max_budget, self.drafter_block_size) + 1  # room for one round's tree
+        slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
         self.capacity = self.max_model_len + slack  # cache rows per slot
         self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.capacity,
                              tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)

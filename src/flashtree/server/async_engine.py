@@ -111,6 +111,7 @@ class Submission:
     budget: int | None = None
     block_size: int | None = None
     topk: int | None = None
+    options: dict = field(default_factory=dict)  # method-specific (ngram: max_ngram, min_ngram, draft_len)
     channel: Channel | None = field(default=None, repr=False)
 
 
@@ -260,7 +261,7 @@ class AsyncEngine:
         try:
             for prompt, params in zip(sub.prompts, sub.params):
                 seq = self.engine.add_request(prompt, params, method=sub.method, budget=sub.budget,
-                                              block_size=sub.block_size, topk=sub.topk)
+                                              block_size=sub.block_size, topk=sub.topk, **sub.options)
                 ch.seqs.append(seq)
                 self._live[seq] = _Live(ch, len(ch.seqs) - 1, ch.t_arrival)
         except Exception:  # all choices or none

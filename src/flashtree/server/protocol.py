@@ -45,6 +45,13 @@ class Speculative(_Strict):
     budget: int | None = None
     topk: int | None = None       # most children per ddtree node (1 = a chain)
     block_size: int | None = None
+    max_ngram: int | None = None  # ngram: longest suffix n-gram looked up
+    min_ngram: int | None = None  # ngram: shortest
+    draft_len: int | None = None  # ngram: longest chain copied per round
+
+    def options(self) -> dict:
+        """The method-specific settings given (passed to the engine as keyword options)."""
+        return {k: v for k in ("max_ngram", "min_ngram", "draft_len") if (v := getattr(self, k)) is not None}
 
 
 class StreamOptions(_Strict):

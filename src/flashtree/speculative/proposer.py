@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # the one list of drafting methods: name -> "module:Class" in this package
 REGISTRY: dict[str, str] = {
     "ar": "ar:AR",
+    "ngram": "ngram:NGram",
     "dflash": "dflash:DFlash",
     "ddtree": "ddtree:DDTree",
 }

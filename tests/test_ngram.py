@@ -1,0 +1,205 @@
+"""N-gram (prompt-lookup) drafting: the matching rule, greedy identity with plain decoding, and
+exactness of sampled output (chi-square cell with a negative control)."""
+import random
+
+import pytest
+
+from flashtree import LLM, SamplingParams
+from flashtree.engine.engine import Engine, EngineConfig, RequestError
+from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
+from flashtree.models.loader import load_drafter, load_target
+from flashtree.speculative.ngram import ngram_match
+
+
+# ---------------------------------------------------------------- matching
+def test_no_match_proposes_nothing():
+    assert ngram_match([1, 2, 3, 4, 5], 3, 1, 5) == []
+    assert ngram_match([7], 3, 1, 5) == []                     # nothing earlier at all
+    assert ngram_match([1, 2, 9, 1, 3], 3, 2, 5) == []         # "1 3" never occurred; n=1 is below min
+
+
+def test_match_at_the_very_end():
+    # the earlier occurrence ends right before the suffix: its continuation is the suffix itself
+    assert ngram_match([4, 5, 4, 5], 2, 1, 8) == [4, 5]
+    # a continuation that runs into the end of the context is cut there, not padded
+    assert ngram_match([9, 1, 2, 3, 1, 2], 2, 1, 8) == [3, 1, 2]
+    assert ngram_match([9, 1, 2, 3, 1, 2], 2, 1, 2) == [3, 1]  # and at k
+
+
+def test_overlapping_occurrences():
+    # "a a a": the suffix "a a" occurred at 0, overlapping itself, continued by "a"
+    assert ngram_match([6, 6, 6], 2, 1, 4) == [6]
+    assert ngram_match([6, 6, 6, 6, 6], 3, 1, 4) == [6]         # most recent earlier "6 6 6" starts at 1
+    assert ngram_match([1, 6, 6, 6, 2, 6, 6, 6], 3, 1, 4) == [2, 6, 6, 6]  # the one earlier "6 6 6"
+
+
+def test_the_longest_n_wins():
+    # "2 3" occurred at 1 (followed by 8); "3" alone occurred more recently (followed by 5)
+    toks = [1, 2, 3, 8, 3, 5, 2, 3]
+    assert ngram_match(toks, 2, 1, 1) == [8]
+    assert ngram_match(toks, 1, 1, 1) == [5]
+    assert ngram_match([0, 1, 2, 3, 7, 2, 3, 9, 1, 2, 3], 3, 1, 1) == [7]  # n=3 beats the later "2 3"
+
+
+def test_the_most_recent_occurrence_wins():
+    assert ngram_match([1, 2, 5, 1, 2, 6, 1, 2], 2, 1, 1) == [6]
+    assert ngram_match([1, 2, 5, 1, 2, 6, 1, 2], 2, 1, 3) == [6, 1, 2]
+
+
+# ---------------------------------------------------------------- greedy == ar
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
+    return target, load_drafter(tiny_pair[1], target)
+
+
+def prompts(n=16, seed=0):
+    """Half random, half repetitive (so n-gram drafts are proposed and accepted)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        base = [rng.randrange(0, 95) for _ in range(rng.randint(1, 12))]
+        out.append(base * rng.randint(2, 4) if i % 2 else base)
+    return out
+
+
+def run(target, drafter, cfgs, ps, batch, max_tokens=24):
+    eng = Engine(target, drafter, EngineConfig(method="ar", max_batch_size=batch, max_model_len=160))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    seqs = [eng.add_request(p, params, **cfgs[i % len(cfgs)]) for i, p in enumerate(ps)]
+    while eng.has_work():
+        eng.step()
+    assert eng.cache.free_slots == batch
+    return [s.output_ids for s in seqs], [t for s in seqs for t in s.metrics.accept_lengths], eng
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_ngram_equals_ar(models, batch):
+    target, _ = models
+    ps = prompts()
+    ref, _, _ = run(target, None, [dict(method="ar")], ps, batch=1)
+    for opts in (dict(), dict(max_ngram=1, draft_len=3), dict(max_ngram=4, min_ngram=2, draft_len=16)):
+        out, taus, _ = run(target, None, [dict(method="ngram", **opts)], ps, batch=batch)
+        assert out == ref, opts
+        assert sum(taus) == sum(len(o) for o in out) - len(out)
+    assert max(taus) > 1  # copied continuations were accepted
+
+
+def test_mixed_methods_in_one_batch_equal_ar(models):
+    target, drafter = models
+    ps = prompts(16, seed=3)
+    ref, _, _ = run(target, drafter, [dict(method="ar")], ps, batch=1)
+    cfgs = [dict(method="ar"), dict(method="ngram"), dict(method="dflash", block_size=5),
+            dict(method="ddtree", budget=8), dict(method="ngram", max_ngram=2, draft_len=4)]
+    out, _, eng = run(target, drafter, cfgs, ps, batch=8)
+    assert out == ref
+    assert eng.stats["seqs_in_forwards"] > eng.stats["forwards"]  # rounds really were batched
+
+
+def test_ngram_needs_no_drafter_and_refuses_tree_options(tiny_pair):
+    llm = LLM(model=tiny_pair[0], method="ngram", device="cpu", dtype="float32")
+    assert llm.drafter is None
+    out = llm.generate([[5, 6, 7, 5, 6, 7, 5, 6]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                       use_tqdm=False, max_ngram=2, draft_len=4)[0]
+    assert len(out.token_ids) == 12 and out.metrics.rounds >= 1
+    with pytest.raises(RequestError, match="budget applies to method 'ddtree' only.*'ngram' copies one chain"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, budget=4)
+    with pytest.raises(RequestError, match=r"min_ngram <= max_ngram"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, max_ngram=2, min_ngram=3)
+    with pytest.raises(RequestError, match=r"draft_len .* must be an integer in \[1, 256\]"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, draft_len=0)
+    with pytest.raises(RequestError, match="max_ngram applies to method 'ngram' only"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, method="ar", max_ngram=2)
+    with pytest.raises(ValueError, match="needs a DFlash drafter"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, method="ddtree")
+
+
+# ---------------------------------------------------------------- sampled output is exact
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab=8, seed=0, block_size=3)
+
+
+# "1 2 3" recurs; what followed it (3 1 7 6) is near the target's greedy path, so n-gram chains are
+# proposed from the first round on and often accepted (mean tau ~1.3 at T=1, top_k=5)
+PROMPT = [1, 2, 3, 3, 1, 7, 6, 1, 2, 3]
+
+
+def test_ngram_samples_match_exact_distribution(pair):
+    cell = check_cell(*pair, PROMPT, Cell("ngram", None, SamplingParams(temperature=1.0, top_k=5), 20000))
+    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.notes["mean_accept_length"] > 1.2  # drafts were verified and accepted
+
+
+def test_a_wrong_verifier_is_caught_on_ngram_drafts(pair):
+    cell = check_cell(*pair, PROMPT, Cell("ngram", None, SamplingParams(temperature=1.0, top_k=5), 20000),
+                      patch=NEGATIVE_CONTROLS["temperature_x1.1"])
+    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
+
+
+# ---------------------------------------------------------------- HTTP: a target-only server
+@pytest.fixture(scope="module")
+def server(tiny_pair):
+    import socket
+
+    from serving import Running
+
+    from flashtree.server.app import create_app
+    llm = LLM(model=tiny_pair[0], method="ngram", device="cpu", dtype="float32")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    r = Running(create_app(llm, model_name="tiny"), sock)
+    yield r, llm
+    r.stop()
+
+
+def test_http_ngram_requests_and_schema(server):
+    import httpx
+    r, llm = server
+    prompt = "t5 t6 t7 t5 t6 t7 t5 t6"
+    ar = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                      use_tqdm=False, method="ar")[0].text
+
+    def post(spec):
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        return httpx.post(r.base + "/v1/completions", json={**body, **({"speculative": spec} if spec else {})},
+                          timeout=60)
+    for spec in (None, {"method": "ngram", "max_ngram": 2, "min_ngram": 1, "draft_len": 4}, {"method": "ar"}):
+        res = post(spec)
+        assert res.status_code == 200 and res.json()["choices"][0]["text"] == ar, (spec, res.text)
+    from flashtree.speculative.proposer import METHODS
+    assert httpx.get(r.base + "/v1/models").json()["data"][0]["methods"] == list(METHODS) and "ngram" in METHODS
+    for spec, message in (({"method": "ddtree"}, "needs a DFlash drafter"),
+                          ({"max_ngram": 0}, "min_ngram <= max_ngram"),
+                          ({"method": "beam"}, "speculative.method"),
+                          ({"method": "ar", "draft_len": 3}, "draft_len applies to method 'ngram' only")):
+        res = post(spec)
+        assert res.status_code == 400 and message in res.json()["error"]["message"], (spec, res.text)
+        assert res.json()["error"]["param"].startswith("speculative")
+
+
+# ---------------------------------------------------------------- bench covers it
+def test_bench_runs_ngram_on_a_target_alone(tiny_pair, tmp_path):
+    import contextlib
+    import io
+    import json
+
+    from flashtree.benchmarking import BenchPlan, Config, tree_size
+    from flashtree.cli import main
+    plan = BenchPlan(methods=["ar", "ngram", "ddtree"], budgets=[3], temperatures=[0.0], concurrency=[1])
+    assert plan.configs() == [Config("ar"), Config("ngram"), Config("ddtree", 3)]  # registry order
+    assert tree_size(Config("ngram"), 8, draft_len=6) == 7
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": "t5 t6 t7 " * (2 + i)}) + "\n" for i in range(2)))
+    argv = ["bench", "--model", str(tiny_pair[0]), "--prompts", str(prompts), "--num-prompts", "2",
+            "--max-tokens", "6", "--methods", "ar,ngram", "--temperatures", "0,1", "--repeats", "1",
+            "--warmup", "0", "--no-peers", "--exact-samples", "300", "--out", str(tmp_path / "out")]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0
+    rep = json.loads((tmp_path / "out" / "bench.json").read_text())
+    cells = {(c["label"], c["temperature"]): c for c in rep["cells"]}
+    assert set(cells) == {("ar", 0.0), ("ngram", 0.0), ("ar", 1.0), ("ngram", 1.0)}
+    assert cells["ngram", 0.0]["exact"]["check"] == "greedy identity" and cells["ngram", 0.0]["exact"]["passed"]
+    assert cells["ngram", 1.0]["exact"]["check"] == "chi-square cell"
+    assert "draft" not in cells["ngram", 0.0]["costs_ms"] or cells["ngram", 0.0]["costs_ms"]["draft"] == 0.0
