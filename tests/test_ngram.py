@@ -102,13 +102,13 @@ def test_ngram_needs_no_drafter_and_refuses_tree_options(tiny_pair):
     out = llm.generate([[5, 6, 7, 5, 6, 7, 5, 6]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                        use_tqdm=False, max_ngram=2, draft_len=4)[0]
     assert len(out.token_ids) == 12 and out.metrics.rounds >= 1
-    with pytest.raises(RequestError, match="budget applies to method 'ddtree' only.*'ngram' copies one chain"):
+    with pytest.raises(RequestError, match="budget applies to methods 'ddtree', 'hybrid' only.*'ngram' copies one chain"):
         llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, budget=4)
     with pytest.raises(RequestError, match=r"min_ngram <= max_ngram"):
         llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, max_ngram=2, min_ngram=3)
     with pytest.raises(RequestError, match=r"draft_len .* must be an integer in \[1, 256\]"):
         llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, draft_len=0)
-    with pytest.raises(RequestError, match="max_ngram applies to method 'ngram' only"):
+    with pytest.raises(RequestError, match="max_ngram applies to methods 'ngram', 'hybrid' only"):
         llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, method="ar", max_ngram=2)
     with pytest.raises(ValueError, match="needs a DFlash drafter"):
         llm.generate([[1, 2]], SamplingParams(max_tokens=2), use_tqdm=False, method="ddtree")

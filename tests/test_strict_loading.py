@@ -112,12 +112,12 @@ def test_sliding_window_targets_are_refused(tmp_path):
 
 
 def test_a_budget_is_refused_for_methods_without_a_tree(tiny_pair):
-    with pytest.raises(ValueError, match="budget applies to method 'ddtree' only.*'dflash'.*block_size"):
+    with pytest.raises(ValueError, match="budget applies to methods 'ddtree', 'hybrid' only.*'dflash'.*block_size"):
         LLM(model=tiny_pair[0], draft=tiny_pair[1], method="dflash", budget=8, device="cpu")
     llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], method="ddtree", budget=8, device="cpu", max_model_len=64)
     p = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     for method in ("dflash", "ar"):
-        with pytest.raises(ValueError, match=f"budget applies to method 'ddtree' only.*'{method}'"):
+        with pytest.raises(ValueError, match=f"budget applies to methods 'ddtree', 'hybrid' only.*'{method}'"):
             llm.generate([[1, 2, 3]], p, method=method, budget=4)
     assert not llm.engine.waiting and not llm.engine.running
     # the config's budget is the ddtree default; a dflash request without one is fine

@@ -13,6 +13,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from .speculative.proposer import METHODS, proposer_class
+
 COL_W, ROW_H, NODE_W, NODE_H, PAD = 118, 34, 104, 26, 10
 PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
 
@@ -158,9 +160,9 @@ def render(rounds: list[dict], decode, meta: TraceMeta) -> str:
     colored = "".join(f'<span class="r{i % 2}" title="round {i + 1}, tau {e["tau"]}">'
                       f'{html.escape(decode(committed_ids(e)))}</span>' for i, e in enumerate(rounds))
     mean_tau = sum(taus) / len(taus) if taus else 0.0
-    tree = meta.method == "ddtree"
-    kv = [("method", meta.method), ("budget", meta.budget if tree else "-"),
-          ("topk", (meta.topk if meta.topk is not None else "no cap") if tree else "-"),
+    opts = proposer_class(meta.method).options if meta.method in METHODS else ()
+    kv = [("method", meta.method), ("budget", meta.budget if "budget" in opts else "-"),
+          ("topk", (meta.topk if meta.topk is not None else "no cap") if "topk" in opts else "-"),
           ("block size", meta.block_size), ("temperature", f"{meta.temperature:g}"),
           ("target", meta.model), ("drafter", meta.draft or "-"), ("rounds", len(rounds)),
           ("mean τ", f"{mean_tau:.2f}"), ("tokens", meta.completion_tokens),

@@ -394,7 +394,7 @@ class Engine:
             path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path
             for j, i in enumerate(path):
                 slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            self.proposers[s.method].on_commit(s, path, feats[b, path] if feats is not None else None)
+            self.proposers[s.method].on_commit(s, trees[b], path, feats[b, path] if feats is not None else None)
             tau = len(path)
             s.length += tau
             s.metrics.rounds += 1

@@ -129,7 +129,7 @@ class DFlash(Proposer):
     def on_prefill(self, seq, feats) -> None:
         self.engine.drafts.on_prefill(seq, feats)
 
-    def on_commit(self, seq, path, feats) -> None:
+    def on_commit(self, seq, tree, path, feats) -> None:
         self.engine.drafts.on_commit(seq, feats)
 
     def release(self, seq) -> None:

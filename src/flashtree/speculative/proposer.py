@@ -28,6 +28,7 @@ REGISTRY: dict[str, str] = {
     "ngram": "ngram:NGram",
     "dflash": "dflash:DFlash",
     "ddtree": "ddtree:DDTree",
+    "hybrid": "hybrid:Hybrid",
 }
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 
@@ -66,8 +67,9 @@ class Proposer:
     def on_prefill(self, seq: Sequence, feats: torch.Tensor | None) -> None:
         """The prompt is in the target cache; feats [n, F] (None without a drafter)."""
 
-    def on_commit(self, seq: Sequence, path: list[int], feats: torch.Tensor | None) -> None:
-        """The accepted nodes `path` (root first) are committed; feats [tau, F] are theirs."""
+    def on_commit(self, seq: Sequence, tree: DraftTree, path: list[int], feats: torch.Tensor | None) -> None:
+        """The accepted nodes `path` of this round's `tree` (root first) are committed; feats
+        [tau, F] are theirs. Called before the round's tokens are appended to `seq`."""
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine: drop its state."""
