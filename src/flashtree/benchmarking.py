@@ -283,7 +283,8 @@ class HFPeer:
                              "run with --no-peers") from e
         self.device = device
 
-    def run(self, prompt_ids: list[list[int]], params: list[SamplingParams], lookup: int | None) -> Pass:
+    def run(self, prompt_ids: list[list[int]], params: list[SamplingParams], lookup: int | None,
+            max_ngram: int | None = None) -> Pass:
         tokens, t0 = 0, time.perf_counter()
         for ids, sp in zip(prompt_ids, params):
             x = torch.tensor([ids], device=self.device)
@@ -299,6 +300,8 @@ class HFPeer:
                 kw["min_new_tokens"] = sp.max_tokens
             if lookup:
                 kw["prompt_lookup_num_tokens"] = lookup
+                if max_ngram:  # as our ngram's max_ngram (both try n = max..1)
+                    kw["max_matching_ngram_size"] = max_ngram
             with torch.inference_mode():
                 out = self.model.generate(x, **kw)
             tokens += out.shape[1] - len(ids)
@@ -329,11 +332,13 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                         passes.append(p)
                     tick()
                 for name, passes in peer_runs.items():
-                    p = peer.run(prompt_ids, params, plan.lookup_tokens if name == "hf_prompt_lookup" else None)
+                    p = peer.run(prompt_ids, params, plan.lookup_tokens if name == "hf_prompt_lookup" else None,
+                                 llm.engine.config.max_ngram)
                     if keep:
                         passes.append(p)
                     tick()
-            group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens) for name, ps in peer_runs.items()]
+            group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens, llm.engine.config.max_ngram)
+                           for name, ps in peer_runs.items()]
             peers += group_peers
             costs = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()}, conc, context)
             group = summarize_group(runs, temp, conc, block_size, group_peers, costs)
@@ -409,9 +414,10 @@ def inexact(report: dict) -> list[dict]:
     return [c for c in report["cells"] if c.get("exact") and c["exact"]["passed"] is False]
 
 
-def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int) -> dict:
+def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int, max_ngram: int | None = None) -> dict:
     return {"name": name, "temperature": temp, "batch_size": 1,
             "prompt_lookup_num_tokens": lookup if name == "hf_prompt_lookup" else None,
+            "max_matching_ngram_size": max_ngram if name == "hf_prompt_lookup" else None,
             "tok_s": median([p.tok_s for p in passes]), "tok_s_runs": [p.tok_s for p in passes],
             "completion_tokens": sum(p.tokens for p in passes)}
 
@@ -485,7 +491,9 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"{m['num_prompts']} prompts from `{m['prompts']}`, {m['max_tokens']} new tokens each "
              f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
              f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run. "
-             "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights.",
+             "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
+             "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
+             "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n down to 1).",
              "", f"Command: `{m['command']}`. Machine: {m['platform']['cpu']}, {m['load']['before']['cpus']} CPUs, "
              f"{m['platform']['torch_threads']} torch threads; 1-minute load average "
              f"{_fmt(m['load']['before']['load_1m'])} before and {_fmt(m['load']['after']['load_1m'])} after.",

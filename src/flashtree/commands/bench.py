@@ -127,6 +127,8 @@ def run(args) -> int:
         raise UserError(f"{args.prompts or PROMPTS_FILE}: no prompts")
     args.method = "ddtree" if any(needs_drafter(m) for m in plan.methods) else "ar"
     args.topk = None  # caps are per pass (--topks)
+    if getattr(args, "draft_len", None) is None:  # ngram copies as many tokens as the prompt-lookup peer
+        args.draft_len = args.prompt_lookup_tokens
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
     peer = bm.HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype) if plan.peers else None
