@@ -156,3 +156,18 @@ def test_a_wrong_verifier_is_caught_on_hybrid_trees(pair):
                       patch=NEGATIVE_CONTROLS["temperature_x1.1"])
     assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
     assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
+
+
+def test_flashtree_verify_covers_the_copying_methods(capsys, tmp_path):
+    import json
+
+    from flashtree.cli import main
+    out = tmp_path / "verify.json"
+    rc = main(["verify", "--methods", "ngram,hybrid", "--samples", "3000", "--temperatures", "1.0",
+               "--filters", "top_k", "--drafts", "model", "--json", str(out)])
+    rep = json.loads(out.read_text())
+    assert rc == 0, capsys.readouterr().out
+    assert [r["cell"].split(" ")[0] for r in rep["tiny_pair"]] == ["ngram", "hybrid/6"]
+    assert all(r["passed"] and r["mean_accept_length"] > 1 for r in rep["tiny_pair"])
+    assert {(r["control"], r["cell"].split(" ")[0]) for r in rep["negative_controls"] if r["caught"]} == \
+        {(c, m) for c in ("temperature_x1.1", "greedy_walk_sampled_bonus") for m in ("ngram", "hybrid/6")}
