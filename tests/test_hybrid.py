@@ -171,3 +171,15 @@ def test_flashtree_verify_covers_the_copying_methods(capsys, tmp_path):
     assert all(r["passed"] and r["mean_accept_length"] > 1 for r in rep["tiny_pair"])
     assert {(r["control"], r["cell"].split(" ")[0]) for r in rep["negative_controls"] if r["caught"]} == \
         {(c, m) for c in ("temperature_x1.1", "greedy_walk_sampled_bonus") for m in ("ngram", "hybrid/6")}
+
+
+def test_one_drafter_pass_per_round_for_all_drafter_methods(models):
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ar", max_batch_size=4, max_model_len=160))
+    calls, real = [], eng.drafts.source
+    eng.drafts.source = lambda seqs: calls.append(sorted(s.method for s in seqs)) or real(seqs)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for m in ("dflash", "ddtree", "hybrid", "ngram"):
+        eng.add_request([3, 4, 5, 3, 4], params, method=m)
+    eng.step()
+    assert calls == [["ddtree", "dflash", "hybrid"]]  # one pass for the three; ngram needs none

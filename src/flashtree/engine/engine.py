@@ -338,6 +338,8 @@ class Engine:
             if depths[i] > 0:
                 groups.setdefault(s.method, []).append(i)
         for method, idx in groups.items():
+            self.proposers[method].prepare([batch[i] for i in idx])
+        for method, idx in groups.items():
             out = self.proposers[method].draft([batch[i] for i in idx], [depths[i] for i in idx])
             for i, d in zip(idx, out):
                 drafts[i] = d

@@ -35,6 +35,21 @@ class DFlashDrafts:
         self.pending: dict[Sequence, torch.Tensor] = {}  # [n, F] features not yet in the drafter cache
         self.fed: dict[Sequence, int] = {}               # pending rows this round's pass wrote to the cache
         self.source = self.run
+        self._wanted: list[Sequence] = []   # this round's sequences of every drafter-based method
+        self._out: dict | None = None       # their drafts, once the round's one pass ran
+
+    def want(self, seqs: list[Sequence]) -> None:
+        if self._out is not None:   # the first `want` of a new round
+            self._wanted, self._out = [], None
+        self._wanted += seqs
+
+    def take(self, seqs: list[Sequence]) -> list[DraftOutput | None]:
+        """The drafts of `seqs` from one pass over every sequence wanted this round."""
+        if self._out is None:
+            wanted, self._wanted = self._wanted or list(seqs), []
+            self._out = {}
+            self._out = self.source(wanted)
+        return [self._out.get(s) for s in seqs]
 
     def run(self, seqs: list[Sequence]) -> dict[Sequence, DraftOutput]:
         """One drafter pass over [bonus, MASK x (K-1)] for every sequence; writes the pending
@@ -119,9 +134,11 @@ class DFlash(Proposer):
         """Top-k width of the draft this method needs per depth."""
         return 1
 
+    def prepare(self, seqs) -> None:
+        self.engine.drafts.want(seqs)
+
     def draft(self, seqs, depths) -> list:
-        out = self.engine.drafts.source(seqs)
-        return [out.get(s) for s in seqs]
+        return self.engine.drafts.take(seqs)
 
     def tree(self, seq, draft: DraftOutput, depth: int) -> DraftTree:
         return chain_tree(seq.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())

@@ -96,10 +96,9 @@ class Hybrid(DDTree):
         return ngram_match(seq.prompt_ids + seq.output_ids, o["max_ngram"], o["min_ngram"], depth)
 
     def draft(self, seqs, depths) -> list:
-        out = self.engine.drafts.source(seqs)
         drafts = []
-        for s, depth in zip(seqs, depths):
-            d, copy = out.get(s), self._copy(s, depth)
+        for s, d, depth in zip(seqs, self.engine.drafts.take(seqs), depths):
+            copy = self._copy(s, depth)
             drafts.append((d, copy) if d is not None or copy else None)
         return drafts
 

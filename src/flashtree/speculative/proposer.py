@@ -56,6 +56,10 @@ class Proposer:
         `Sequence` fields: block_size (deepest draft + 1), budget (nodes), topk, options."""
         return {"block_size": 1, "budget": 0, "topk": None, "options": {}}
 
+    def prepare(self, seqs: list[Sequence]) -> None:
+        """Called for every method's sequences before any `draft` of the round, so methods sharing
+        a model pass (the DFlash family) can run it once for all of them."""
+
     def draft(self, seqs: list[Sequence], depths: list[int]) -> list:
         """This round's draft of each sequence (depths[i] >= 1: the deepest node worth verifying),
         or None for "no draft" (the tree is the root alone). Must not change sequence state."""
