@@ -203,3 +203,16 @@ def test_bench_runs_ngram_on_a_target_alone(tiny_pair, tmp_path):
     assert cells["ngram", 0.0]["exact"]["check"] == "greedy identity" and cells["ngram", 0.0]["exact"]["passed"]
     assert cells["ngram", 1.0]["exact"]["check"] == "chi-square cell"
     assert "draft" not in cells["ngram", 0.0]["costs_ms"] or cells["ngram", 0.0]["costs_ms"]["draft"] == 0.0
+
+
+def test_cli_generate_ngram_without_a_drafter(tiny_pair, capsys):
+    import json
+
+    from flashtree.cli import main
+    argv = ["generate", "t5 t6 t7 t5 t6 t7 t5 t6", "--model", str(tiny_pair[0]), "--method", "ngram",
+            "--max-ngram", "2", "--draft-len", "4", "--max-tokens", "6", "--device", "cpu", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 6 and out["metrics"]["rounds"] >= 1
+    assert main(["generate", "x", "--model", str(tiny_pair[0]), "--method", "hybrid", "--device", "cpu"]) != 0
+    assert "needs a drafter" in capsys.readouterr().err
