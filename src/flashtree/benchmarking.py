@@ -45,7 +45,7 @@ PEERS = ("hf_generate", "hf_prompt_lookup")
 @dataclass(slots=True, frozen=True)
 class Config:
     """One decoding configuration of our engine."""
-    method: str              # "ar" | "dflash" | "ddtree"
+    method: str              # a name in speculative.proposer.METHODS
     budget: int | None = None  # ddtree nodes per round; None otherwise
     topk: int | None = None    # ddtree children per node at most; None = no cap
 
