@@ -241,5 +241,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     save_module(drafter, cfg_dict, out)
     report = {"steps": state.step, "train_hours": state.hours,
               "params": sum(p.numel() for p in drafter.parameters()), "recipe": asdict(recipe)}
+    if init_from is not None:
+        report["init_from"] = str(init_from)
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
