@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 
@@ -291,7 +292,7 @@ class Tokenizing:
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _encode(tokenizer, kind: str, payload):
@@ -308,6 +309,13 @@ def _load_worker_tokenizer(path: str) -> None:
     global _WORKER_TOKENIZER
     from ..tokenizer import Tokenizer
     _WORKER_TOKENIZER = Tokenizer(path)
+    parent = os.getppid()
+
+    def orphaned():  # the server was killed: do not outlive it
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+    threading.Thread(target=orphaned, daemon=True).start()
 
 
 def _encode_in_worker(kind: str, payload):
