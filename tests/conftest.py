@@ -20,3 +20,11 @@ def tiny_pair(tmp_path_factory):
     write_tokenizer(target, 96)
     drafter = make_drafter(root / "drafter", target, block_size=8)
     return target, drafter
+
+
+@pytest.fixture(scope="session")
+def models(tiny_pair):
+    """The tiny pair loaded in float64 (greedy comparisons without near-ties): (target, drafter)."""
+    from flashtree.models.loader import load_drafter, load_target
+    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
+    return target, load_drafter(tiny_pair[1], target)

@@ -79,3 +79,14 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+
+
+def repetitive_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
+    """Token prompts over V=96, every other one a repeated random phrase (n-gram drafts find copies)."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        base = [rng.randrange(0, 95) for _ in range(rng.randint(1, 12))]
+        out.append(base * rng.randint(2, 4) if i % 2 else base)
+    return out

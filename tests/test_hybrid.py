@@ -1,7 +1,6 @@
 """Hybrid trees: the DDTree of the drafter's marginals with the n-gram continuation merged in as a
 branch — the builder, greedy identity with plain decoding, exactness of sampled output."""
 import math
-import random
 
 import numpy as np
 import pytest
@@ -9,9 +8,9 @@ import pytest
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
 from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
-from flashtree.models.loader import load_drafter, load_target
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
+from helpers import repetitive_prompts
 
 
 def drafts(L=4, K=3, seed=0, V=50):
@@ -75,19 +74,9 @@ def test_drafter_agreement_keeps_the_higher_score():
 
 
 # ---------------------------------------------------------------- greedy == ar
-@pytest.fixture(scope="module")
-def models(tiny_pair):
-    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
-    return target, load_drafter(tiny_pair[1], target)
-
-
 def prompts(n=16, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        base = [rng.randrange(0, 95) for _ in range(rng.randint(1, 12))]
-        out.append(base * rng.randint(2, 4) if i % 2 else base)
-    return out
+    """Half random, half repetitive (so n-gram drafts are proposed and accepted)."""
+    return repetitive_prompts(n, seed)
 
 
 def run(models, cfgs, ps, batch, max_tokens=24):

@@ -1,14 +1,13 @@
 """N-gram (prompt-lookup) drafting: the matching rule, greedy identity with plain decoding, and
 exactness of sampled output (chi-square cell with a negative control)."""
-import random
 
 import pytest
 
 from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
 from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
-from flashtree.models.loader import load_drafter, load_target
 from flashtree.speculative.ngram import ngram_match
+from helpers import repetitive_prompts
 
 
 # ---------------------------------------------------------------- matching
@@ -47,20 +46,9 @@ def test_the_most_recent_occurrence_wins():
 
 
 # ---------------------------------------------------------------- greedy == ar
-@pytest.fixture(scope="module")
-def models(tiny_pair):
-    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
-    return target, load_drafter(tiny_pair[1], target)
-
-
 def prompts(n=16, seed=0):
     """Half random, half repetitive (so n-gram drafts are proposed and accepted)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        base = [rng.randrange(0, 95) for _ in range(rng.randint(1, 12))]
-        out.append(base * rng.randint(2, 4) if i % 2 else base)
-    return out
+    return repetitive_prompts(n, seed)
 
 
 def run(target, drafter, cfgs, ps, batch, max_tokens=24):

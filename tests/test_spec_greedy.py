@@ -5,13 +5,6 @@ import pytest
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
-from flashtree.models.loader import load_drafter, load_target
-
-
-@pytest.fixture(scope="module")
-def models(tiny_pair):
-    target = load_target(tiny_pair[0], dtype="float64", device="cpu")
-    return target, load_drafter(tiny_pair[1], target)
 
 
 def prompts(n=30, seed=0):
