@@ -118,8 +118,8 @@ class Engine:
         method = self._check_method(config.method)
         _refuse_options(config.method, budget=config.budget, topk=config.topk)
         if "budget" in method.options or config.budget is not None:
-            self._check_budget(self.default_budget)
-        self.default_topk = self._check_topk(config.topk, self.default_budget) if config.topk is not None else None
+            self.check_budget(self.default_budget)
+        self.default_topk = self.check_topk(config.topk, self.default_budget) if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
         self.capacity = self.max_model_len + slack  # cache rows per slot
         self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.capacity,
@@ -154,12 +154,6 @@ class Engine:
         """A request's block size: its own (checked) or the engine's default."""
         return self._check_block_size(block_size) if block_size is not None else self.default_block_size
 
-    def check_budget(self, budget: int) -> int:
-        return self._check_budget(budget)
-
-    def check_topk(self, topk: int, budget: int) -> int:
-        return self._check_topk(topk, budget)
-
     def _check_block_size(self, block_size: int | None) -> int:
         if block_size is None:
             return self.drafter_block_size
@@ -168,13 +162,13 @@ class Engine:
                                f"was trained with block_size {self.drafter_block_size}), got {block_size}", "speculative")
         return block_size
 
-    def _check_budget(self, budget: int) -> int:
+    def check_budget(self, budget: int) -> int:
         hi = self.config.max_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= hi:
             raise RequestError(f"budget must be an integer in [1, {hi}], got {budget}", "speculative")
         return budget
 
-    def _check_topk(self, topk: int, budget: int) -> int:
+    def check_topk(self, topk: int, budget: int) -> int:
         if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= budget:
             raise RequestError(f"topk (the most children per tree node) must be an integer in [1, budget={budget}] "
                                f"(1 = a chain), got {topk!r}", "speculative")
@@ -287,6 +281,13 @@ class Engine:
         if self.consecutive_failures >= self.config.max_consecutive_failures:
             raise EngineFailure(f"{self.consecutive_failures} requests failed in a row; last: {s.error}")
 
+    def _drew_token(self, s: Sequence, tok: int) -> bool:
+        """False (and s failed) when tok is the sampler's "no valid token" sentinel (V)."""
+        if 0 <= tok < self.target.config.vocab_size:
+            return True
+        self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
+        return False
+
     def _timed(self, name, fn, *args):
         t0 = time.perf_counter()
         out = fn(*args)
@@ -324,8 +325,7 @@ class Engine:
             s.length = lens[b]
             self.proposers[s.method].on_prefill(s, feats[b, :lens[b]] if feats is not None else None)
         for s, tok in zip(seqs, first.tolist()):
-            if not 0 <= tok < self.target.config.vocab_size:  # the sampler's "no valid token" sentinel
-                self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
+            if not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             self._emit(s, [tok])
@@ -387,10 +387,8 @@ class Engine:
         accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
         bonus = vout.bonus.cpu().tolist()
         slots, src, dst = [], [], []
-        V = self.target.config.vocab_size
         for b, s in enumerate(batch):
-            if not 0 <= bonus[b] < V:  # the sampler's "no valid token" sentinel: fail, commit nothing
-                self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
+            if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
             self.consecutive_failures = 0
             path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path

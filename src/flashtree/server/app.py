@@ -228,7 +228,7 @@ class OpenAIServer:
             while None in finals:
                 u = await channel.get()
                 if u.finish_reason in ("error", "timeout"):
-                    yield _sse_json(_early_end(u).body())
+                    yield _sse_json(_early_end(u, self.limits.retry_after_s).body())
                     return
                 done = u.finish_reason is not None
                 text = deltas[u.index].push(u.text, done)
@@ -268,7 +268,7 @@ class OpenAIServer:
             return Response(status_code=499)  # nobody is listening
         for u in finals:
             if u.finish_reason in ("error", "timeout") or (u.finish_reason == "abort" and u.error):
-                raise _early_end(u)
+                raise _early_end(u, self.limits.retry_after_s)
         return JSONResponse(fmt.response(finals, usage_of(finals)).model_dump())
 
 
@@ -375,11 +375,11 @@ def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
                  total_tokens=prompt_tokens + completion, spec=spec)
 
 
-def _early_end(u: Update) -> APIError:
+def _early_end(u: Update, retry_after_s: int) -> APIError:
     """The error answered for a choice that ended without finishing."""
     if u.finish_reason == "timeout":
         return APIError(503, f"the server is busy: {u.error}; retry later", code="queue_timeout",
-                        type="server_overloaded", retry_after=2)
+                        type="server_overloaded", retry_after=retry_after_s)
     if u.finish_reason == "abort":
         return APIError(503, u.error or "the request was aborted", code="shutting_down", type="server_overloaded")
     return APIError(500, f"this request failed in the engine ({u.error or 'see the server log'}); other requests "
