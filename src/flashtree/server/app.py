@@ -41,7 +41,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..engine.engine import QueueFullError, RequestError
 from ..speculative.proposer import proposer_class
 from ..errors import UserError
-from .async_engine import AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
+from .async_engine import SHUTTING_DOWN, AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
 from .limits import ServerLimits
 from .logs import LOG_FORMATS, configure_logging
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -485,7 +485,7 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
             why = f": {server.engine.failure}" if server.engine.failure else ""
             return error(APIError(503, f"the engine loop is not running{why}", code="engine_dead"))
         if server.engine.draining:
-            return error(APIError(503, "the server is shutting down", code="shutting_down"))
+            return error(APIError(503, SHUTTING_DOWN, code="shutting_down"))
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -115,6 +115,9 @@ class Submission:
     channel: Channel | None = field(default=None, repr=False)
 
 
+SHUTTING_DOWN = "the server is shutting down"
+
+
 class ShuttingDown(RuntimeError):
     """The server is draining for shutdown and admits no new requests."""
 
@@ -160,7 +163,7 @@ class AsyncEngine:
         """Queue the choices of one request; raises the engine's RequestError / QueueFullError,
         or ShuttingDown."""
         if self.draining:
-            raise ShuttingDown("the server is shutting down")
+            raise ShuttingDown(SHUTTING_DOWN)
         sub.channel = Channel(asyncio.get_running_loop())
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(("add", sub, fut))
@@ -180,7 +183,7 @@ class AsyncEngine:
         while True:
             for cmd in self._commands():
                 if cmd[0] == "stop":
-                    self._abort_all("abort", "the server is shutting down")
+                    self._abort_all("abort", SHUTTING_DOWN)
                     return
                 try:
                     self._handle(cmd)
@@ -215,7 +218,12 @@ class AsyncEngine:
         if not self.engine.waiting or limit is None:
             return
         now = time.perf_counter()
-        for seq in [s for s in self.engine.waiting if now - s.t_start > limit]:
+        expired = []
+        for seq in self.engine.waiting:  # arrival order: stop at the first that may still wait
+            if now - seq.t_start <= limit:
+                break
+            expired.append(seq)
+        for seq in expired:
             if seq in self._live:
                 self.engine.abort(seq)
                 self._finish(seq, "timeout", f"the request waited more than {limit:g} s for a free slot")
@@ -245,12 +253,12 @@ class AsyncEngine:
                     self.engine.abort(seq)
                     self._finish(seq, "abort")
         elif cmd[0] == "expire":  # the shutdown grace period is over
-            self._abort_all("abort", "the server is shutting down")
+            self._abort_all("abort", SHUTTING_DOWN)
 
     def _add(self, sub: Submission) -> None:
         ch = sub.channel
         if self.draining:
-            raise ShuttingDown("the server is shutting down")
+            raise ShuttingDown(SHUTTING_DOWN)
         cap = self.limits.max_queued_tokens
         if cap is not None:
             queued = sum(_cost(s) for s in self.engine.waiting)
