@@ -205,6 +205,30 @@ def test_a_broken_engine_stops_and_health_says_so(pair):
         llm.generate(["t1"] * 10, SamplingParams(max_tokens=3), use_tqdm=False)
 
 
+def test_a_submission_racing_the_engine_death_is_refused_not_orphaned(pair):
+    """A request that passed the app's liveness check while the loop was dying must still get an
+    answer: whatever is in the inbox, or arrives after, is refused with EngineStopped."""
+    import asyncio
+    from flashtree.server.async_engine import AsyncEngine, EngineStopped, Submission
+    from flashtree.server.metrics import ServerMetrics
+    llm = LLM(model=pair[0], draft=pair[1], method="ar", max_batch_size=1)
+
+    def broken(*a):
+        raise RuntimeError("the device is gone")
+    llm.engine.verify_fn = broken
+    aeng = AsyncEngine(llm, ServerMetrics(), on_fatal=lambda: None, log_interval_s=None)
+    aeng.start()
+
+    async def many():
+        subs = [Submission([[5, 6]], [SamplingParams(max_tokens=2)]) for _ in range(40)]
+        return await asyncio.wait_for(asyncio.gather(*(aeng.submit(s) for s in subs), return_exceptions=True), 30)
+    got = asyncio.run(many())  # every one answered: a channel (ended with "error") or EngineStopped
+    assert all(not isinstance(g, BaseException) or isinstance(g, EngineStopped) for g in got)
+    assert wait_for(lambda: not aeng.alive, 30) and aeng.failure
+    with pytest.raises(EngineStopped, match="failed in a row"):  # after the death: refused at once
+        asyncio.run(asyncio.wait_for(aeng.submit(Submission([[5, 6]], [SamplingParams(max_tokens=2)])), 5))
+
+
 def test_engine_errors_name_their_field(pair):
     llm = LLM(model=pair[0], draft=pair[1])
     with pytest.raises(RequestError) as e:

@@ -41,7 +41,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..engine.engine import QueueFullError, RequestError
 from ..speculative.proposer import proposer_class
 from ..errors import UserError
-from .async_engine import SHUTTING_DOWN, AsyncEngine, Channel, ShuttingDown, Submission, TextDelta, Update
+from .async_engine import (SHUTTING_DOWN, AsyncEngine, Channel, EngineStopped, ShuttingDown, Submission, TextDelta,
+                           Update)
 from .limits import ServerLimits
 from .logs import LOG_FORMATS, configure_logging
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -192,6 +193,8 @@ class OpenAIServer:
                            type="server_overloaded", retry_after=self.limits.retry_after_s) from None
         except ShuttingDown as e:
             raise APIError(503, str(e), code="shutting_down", type="server_overloaded") from None
+        except EngineStopped as e:
+            raise APIError(503, f"the engine loop is not running: {e}", code="engine_dead") from None
         except RequestError as e:  # the engine's checks (method, budget, block_size, top_k, prompt)
             raise APIError(400, str(e), param=e.param) from None
 

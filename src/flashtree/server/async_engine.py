@@ -122,6 +122,10 @@ class ShuttingDown(RuntimeError):
     """The server is draining for shutdown and admits no new requests."""
 
 
+class EngineStopped(RuntimeError):
+    """The loop thread has ended (broken engine or shutdown); nothing can be admitted."""
+
+
 class AsyncEngine:
     def __init__(self, llm, metrics: ServerMetrics, limits: ServerLimits | None = None, on_fatal=None,
                  log_interval_s: float | None = 10.0):
@@ -132,6 +136,8 @@ class AsyncEngine:
         self.failure: str | None = None  # why the loop stopped, if it broke
         self.draining = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._gate = threading.Lock()   # orders submit's put against the loop's close: no orphans
+        self._closed = False            # set (under _gate) when the loop thread stops for good
         self._live: dict[Sequence, _Live] = {}
         self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
         self._thread = threading.Thread(target=self._run, name="flashtree-engine", daemon=True)
@@ -166,7 +172,10 @@ class AsyncEngine:
             raise ShuttingDown(SHUTTING_DOWN)
         sub.channel = Channel(asyncio.get_running_loop())
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(("add", sub, fut))
+        with self._gate:
+            if self._closed:
+                raise EngineStopped(self.failure or "the engine loop has stopped")
+            self._inbox.put(("add", sub, fut))
         try:
             await asyncio.wrap_future(fut)
         except asyncio.CancelledError:  # the loop may have added it already: take it out again
@@ -184,6 +193,7 @@ class AsyncEngine:
             for cmd in self._commands():
                 if cmd[0] == "stop":
                     self._abort_all("abort", SHUTTING_DOWN)
+                    self._close()
                     return
                 try:
                     self._handle(cmd)
@@ -208,9 +218,22 @@ class AsyncEngine:
         log.critical("the engine failed and cannot continue (%s); ending all requests", self.failure,
                      exc_info=e)
         self._abort_all("error", "the engine failed; the server is stopping")
+        self._close()
         self._gauges()
         if self.on_fatal is not None:
             self.on_fatal()
+
+    def _close(self) -> None:
+        """Admit nothing more and refuse what is still in the inbox, so no submitter waits forever."""
+        with self._gate:
+            self._closed = True
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add" and cmd[2].set_running_or_notify_cancel():
+                cmd[2].set_exception(EngineStopped(self.failure or "the engine loop has stopped"))
 
     def _expire_waiting(self) -> None:
         """Requests that waited longer than the queue timeout end with "timeout" (HTTP 503)."""
