@@ -129,21 +129,21 @@ def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pai
     eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before = llm.generate([[5, 6, 7], [8, 9]], params)
-    stats, free = dict(eng.stats), list(eng.cache._free)
-    seen = {"forward": [], "draft": []}
-    real_forward, real_draft = eng._forward, eng.drafts.source
-    eng._forward = lambda batch, vin: seen["forward"].append(tuple(vin.tokens.shape)) or real_forward(batch, vin)
+    stats, free = dict(eng.stats), eng.cache.free_slots
+    seen = {"draft": []}
+    shapes_before = eng.runner.shapes.copy()
+    real_draft = eng.drafts.source
     eng.drafts.source = lambda batch: seen["draft"].append((len(batch), batch[0].method)) or real_draft(batch)
     taus = {Config("ar"): 1.0, Config("dflash"): 3.2, Config("ddtree", 3): 2.6}
     costs = component_costs(llm, taus, concurrency=2, context=20, repeats=2)
-    del eng._forward
     eng.drafts.source = real_draft
+    seen["forward"] = [(B, T) for (model, B, T), n in (eng.runner.shapes - shapes_before).items() if model == "target"]
     assert sorted(costs.forward) == [1, 4, 8] and all(t > 0 for t in costs.forward.values())
     assert set(costs.draft) == {Config("dflash"), Config("ddtree", 3)} and all(t > 0 for t in costs.draft.values())
     assert costs.context == 20
     assert {(2, n) for n in (1, 4, 8)} <= set(seen["forward"])  # 2 sequences x each tree size
     assert sorted(set(seen["draft"])) == [(2, "ddtree"), (2, "dflash")]
-    assert eng.stats == stats and eng.cache._free == free and not eng.has_work()
+    assert eng.stats == stats and eng.cache.free_slots == free and not eng.has_work()
     assert [o.token_ids for o in llm.generate([[5, 6, 7], [8, 9]], params)] == [o.token_ids for o in before]
 
 

@@ -82,7 +82,7 @@ def test_env_default_pair_and_text(pair, capsys):
     target, draft = pair
     assert main(["env", "--model", str(target), "--draft", str(draft)]) == 0
     text = capsys.readouterr().out
-    for needle in ("versions", "torch", "device", "compiled paths", "eager PyTorch", "methods",
+    for needle in ("versions", "torch", "device", "compiled paths", "compile='auto') runs eager PyTorch", "methods",
                    "ddtree             available", "block_size", "target_layer_ids   [0, 2]"):
         assert needle in text, needle
 

@@ -10,9 +10,8 @@ import torch
 from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.config import ConfigError, DrafterConfig, build_target_layer_ids
-from flashtree.kv_cache import KVCache
 from flashtree.models.loader import load_target
-from flashtree.models.target import ForwardBatch
+from flashtree.engine.model_runner import ModelRunner
 
 from helpers import make_drafter, make_hf_target
 
@@ -62,13 +61,13 @@ def test_features_through_the_cache_match_hf_in_prefill_and_decode(pair):
     layer_ids = list(range(L))
     ids = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(1))
     ref = hf_features(hf, ids, layer_ids)[0]
-    cache = KVCache(L, 1, 64, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
+    runner = ModelRunner(ours, None, 1, 64, layer_ids)
     got = []
     for start, end in ((0, 10), *((t, t + 1) for t in range(10, 16))):  # prefill, then one token at a time
-        mask = torch.ones(1, 1, end - start, end, dtype=torch.bool).tril(diagonal=start)
-        fb = ForwardBatch(slots=torch.tensor([0]), rows=torch.arange(start, end)[None], mask=mask, cache=cache)
+        T = end - start
         with torch.no_grad():
-            _, f = ours(ids[:, start:end], torch.arange(start, end)[None], fb, layer_ids)
+            _, f = runner.run_target(ids[:, start:end], torch.arange(start, end)[None], [0], torch.tensor([start]),
+                                     torch.ones(1, T, T, dtype=torch.bool).tril(), torch.arange(T))
         got.append(f[0])
     assert (torch.cat(got) - ref).abs().max() < 1e-4
 

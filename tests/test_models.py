@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from flashtree.config import ModelConfig
-from flashtree.kv_cache import KVCache
+from flashtree.engine.model_runner import ModelRunner
 from flashtree.models.loader import load_target
-from flashtree.models.target import ForwardBatch
 from flashtree.engine.round import pack_trees
 from flashtree.speculative.tree import DraftTree
 
@@ -27,23 +26,19 @@ CASES = {
 }
 
 
-def new_cache(model, slots=2, cap=128, dtype=torch.float32):
-    c = model.config
-    return KVCache(c.num_hidden_layers, slots, cap, c.num_key_value_heads, c.head_dim, dtype, "cpu")
+def new_cache(model, slots=2, cap=128, compile=False):
+    """A model runner (eager unless compile) holding a KV cache of `slots` x `cap` rows."""
+    return ModelRunner(model, None, slots, cap, None, compile=compile)
 
 
-def run(model, cache, slot, ids, start, vis=None):
-    """Forward `ids` at positions start.. into `slot` (causal unless vis [T, T] given)."""
+def run(runner, slot, ids, start, vis=None):
+    """Forward `ids` at positions start.. into `slot` (causal unless vis [T, T] given): logits [T, V]."""
     T = len(ids)
     vis = torch.ones(T, T, dtype=torch.bool).tril() if vis is None else vis
     depth = vis.sum(-1) - 1
-    S = start + T
-    mask = torch.zeros(1, 1, T, S, dtype=torch.bool)
-    mask[..., :start] = True
-    mask[0, 0, :, start:] = vis
-    fb = ForwardBatch(slots=torch.tensor([slot]), rows=torch.arange(start, S)[None], mask=mask, cache=cache)
-    h, _ = model(torch.tensor([ids]), (start + depth)[None], fb)
-    return model.logits(h)[0]
+    logits, _ = runner.run_target(torch.tensor([ids]), (start + depth)[None], [slot], torch.tensor([start]),
+                                  vis[None], torch.arange(T))
+    return logits
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -108,10 +103,10 @@ def test_prefill_and_decode_logits_match_transformers(pair):
         ref = hf(ids).logits[0]
     cache = new_cache(ours)
     with torch.no_grad():
-        pre = run(ours, cache, 1, ids[0, :24].tolist(), 0)
+        pre = run(cache, 1, ids[0, :24].tolist(), 0)
         assert (pre - ref[:24]).abs().max() < 1e-4
         for t in range(24, 40):  # step-by-step decode through the cache
-            step = run(ours, cache, 1, [ids[0, t].item()], t)
+            step = run(cache, 1, [ids[0, t].item()], t)
             assert (step[0] - ref[t]).abs().max() < 1e-4, t
 
 
@@ -125,24 +120,24 @@ def test_tree_mask_gives_each_node_its_path_logits_and_compaction_continues_exac
     vis = torch.from_numpy(tree.visibility())
     with torch.no_grad():
         cache = new_cache(ours)
-        run(ours, cache, 0, prompt, 0)
-        tree_logits = run(ours, cache, 0, tree.tokens, len(prompt), vis)
+        run(cache, 0, prompt, 0)
+        tree_logits = run(cache, 0, tree.tokens, len(prompt), vis)
         for i in range(tree.size):
             path, j = [], i
             while j >= 0:
                 path.insert(0, tree.tokens[j])
                 j = tree.parents[j]
             ref_cache = new_cache(ours)
-            ref = run(ours, ref_cache, 0, prompt + path, 0)[-1]
+            ref = run(ref_cache, 0, prompt + path, 0)[-1]
             assert (tree_logits[i] - ref).abs().max() < 1e-5, i
         # accept path root -> 1 -> 3 -> 4 (rows 12, 13, 15, 16) and compact to rows 12..15
         start, accepted = len(prompt), [0, 1, 3, 4]
-        cache.compact([0] * 4, [start + a for a in accepted], [start + j for j in range(4)])
+        cache.cache.compact([0] * 4, [start + a for a in accepted], [start + j for j in range(4)])
         path_tokens = [tree.tokens[a] for a in accepted]
         cont = [21, 22, 23]
-        got = run(ours, cache, 0, cont, start + 4)
+        got = run(cache, 0, cont, start + 4)
         ref_cache = new_cache(ours)
-        ref = run(ours, ref_cache, 0, prompt + path_tokens + cont, 0)[-3:]
+        ref = run(ref_cache, 0, prompt + path_tokens + cont, 0)[-3:]
         assert (got - ref).abs().max() < 1e-5
 
 
@@ -156,15 +151,15 @@ def test_batched_trees_with_padding_match_single_sequences(pair):
     with torch.no_grad():
         cache = new_cache(ours)
         for s, p in enumerate(prompts):
-            run(ours, cache, s, p, 0)
+            run(cache, s, p, 0)
         vin = pack_trees(trees, [len(p) for p in prompts], "cpu")
-        fb = ForwardBatch(torch.tensor([0, 1]), vin.rows, vin.mask, cache)
-        h, _ = ours(vin.tokens, vin.positions, fb)
-        logits = ours.logits(h)
+        T = vin.tokens.shape[1]
+        logits, _ = cache.run_target(vin.tokens, vin.positions, [0, 1], vin.lengths, vin.vis, torch.arange(2 * T))
+        logits = logits.view(2, T, -1)
         for s, (p, t) in enumerate(zip(prompts, trees)):
             single_cache = new_cache(ours)
-            run(ours, single_cache, 0, p, 0)
-            ref = run(ours, single_cache, 0, t.tokens, len(p), torch.from_numpy(t.visibility()))
+            run(single_cache, 0, p, 0)
+            ref = run(single_cache, 0, t.tokens, len(p), torch.from_numpy(t.visibility()))
             assert (logits[s, :t.size] - ref).abs().max() < 1e-5
 
 

@@ -12,9 +12,10 @@ def prompts(n=30, seed=0):
     return [[rng.randrange(0, 95) for _ in range(rng.randint(1, 40))] for _ in range(n)]
 
 
-def run(models, method, budget=None, batch=1, ps=None, max_tokens=24):
+def run(models, method, budget=None, batch=1, ps=None, max_tokens=24, compile=False):
     target, drafter = models
-    eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch, max_model_len=128))
+    eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch, max_model_len=128,
+                                               compile=compile))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     seqs = [eng.add_request(p, params) for p in ps]
     while eng.has_work():
@@ -23,13 +24,15 @@ def run(models, method, budget=None, batch=1, ps=None, max_tokens=24):
     return [s.output_ids for s in seqs], [s.metrics for s in seqs]
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_dflash_and_ddtree_equal_ar(models, batch):
+def test_dflash_and_ddtree_equal_ar(models, batch, compile):
+    """In the same mode: compiled speculative == compiled plain, eager == eager."""
     ps = prompts()
-    ref, _ = run(models, "ar", batch=1, ps=ps)
+    ref, _ = run(models, "ar", batch=1, ps=ps, compile=compile)
     assert all(len(r) == 24 for r in ref)
     for method, budget in [("dflash", None), ("ddtree", 1), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64)]:
-        out, metrics = run(models, method, budget, batch=batch, ps=ps)
+        out, metrics = run(models, method, budget, batch=batch, ps=ps, compile=compile)
         assert out == ref, (method, budget, batch)
         taus = [t for m in metrics for t in m.accept_lengths]
         assert sum(taus) == sum(len(o) for o in out) - len(out)  # the first token comes from prefill

@@ -69,6 +69,26 @@ def test_each_filter_alone_matches_exact_distribution(pair, cell):
     assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
 
 
+COMPILED = [Cell("ddtree", 6, SamplingParams(temperature=1.0, top_k=5, top_p=0.9), 20000, compile=True),
+            Cell("dflash", None, SamplingParams(temperature=0.7, min_p=0.05), 20000, "target", compile=True)]
+
+
+@pytest.mark.parametrize("cell", COMPILED, ids=Cell.label)
+def test_compiled_runner_samples_match_exact_distribution(pair, cell):
+    """The same check with the model runner compiled (torch.compile): exactness holds in that mode too."""
+    run(pair, cell)
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.notes["mean_accept_length"] > 1.2
+
+
+@pytest.mark.parametrize("method, budget, drafts", [("ddtree", 6, "model"), ("dflash", None, "target")])
+def test_a_wrong_verifier_is_caught_when_compiled(pair, method, budget, drafts):
+    cell = run(pair, Cell(method, budget, SamplingParams(temperature=1.0, top_k=5), 20000, drafts, compile=True),
+               patch=NEGATIVE_CONTROLS["temperature_x1.1"])
+    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
+
+
 @pytest.mark.parametrize("name", list(NEGATIVE_CONTROLS))
 @pytest.mark.parametrize("method, budget, drafts", [("ddtree", 6, "model"), ("dflash", None, "target")])
 def test_a_wrong_verifier_is_caught(pair, name, method, budget, drafts):

@@ -209,7 +209,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     """Time the two model calls of a round on their own, for `concurrency` sequences of `context`
     committed tokens: the target forward for every tree size of the configs in `taus` (and for
     plain decoding), and each speculative config's drafter pass over round(tau) new context
-    features. Uses the engine's own `_forward` and drafter pass (`engine.drafts`) on temporary cache slots; the engine's
+    features. Uses the engine's model runner and drafter pass (`engine.drafts`) on temporary cache slots; the engine's
     state and counters are left as they were."""
     from .engine.round import pack_trees
     from .engine.sequence import Sequence
@@ -234,7 +234,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     def forward_call(n: int):
         batch = seqs(Config("ar"))
         vin = pack_trees([chain_tree(0, [0] * (n - 1)) for _ in batch], [context] * len(batch), eng.device)
-        return lambda: eng._forward(batch, vin)
+        return lambda: eng.runner.run_target(vin.tokens, vin.positions, slots, vin.lengths, vin.vis, vin.nodes)
 
     def draft_call(cfg: Config, feats):
         batch = seqs(cfg)

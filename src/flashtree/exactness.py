@@ -71,13 +71,14 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
 
 def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
-                     patch=None) -> tuple[Counter, float]:
+                     patch=None, compile: bool = False) -> tuple[Counter, float]:
     """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau."""
     # generate a little past n_tokens so the first round's tree is not cut to depth 1
     max_tokens = n_tokens + (drafter.config.block_size - 2 if drafter is not None else 0)
     eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
                                                max_model_len=len(prompt) + max_tokens + 1,
-                                               max_budget=max(budget or 1, 1), max_queue=n_samples))
+                                               max_budget=max(budget or 1, 1), max_queue=n_samples,
+                                               compile=compile))
     if patch is not None:
         patch(eng)
     base = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
@@ -184,6 +185,7 @@ class Cell:
     params: SamplingParams
     n: int
     drafts: str = "model"  # "model": the pair's drafter; "target": target_drafts (often accepted)
+    compile: bool = False  # the engine's model runner compiled (torch.compile) or eager
     p_value: float = 0.0
     tv: float = 0.0
     tv_limit: float = 0.0
@@ -199,7 +201,8 @@ class Cell:
         p = self.params
         b = f"/{self.budget}" if self.budget else ""
         d = "" if self.drafts == "model" else f" drafts={self.drafts}"
-        return f"{self.method}{b} T={p.temperature} top_k={p.top_k} top_p={p.top_p} min_p={p.min_p}{d}"
+        c = " compiled" if self.compile else ""
+        return f"{self.method}{b} T={p.temperature} top_k={p.top_k} top_p={p.top_p} min_p={p.min_p}{d}{c}"
 
 
 P_MIN, TV_MARGIN = 1e-3, 0.005
@@ -219,7 +222,7 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     elif cell.drafts != "model":
         raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
     counts, mean_tau = sample_sequences(target, drafter, prompt, cell.params, cell.method, cell.budget,
-                                        cell.n, n_tokens, seed=seed, patch=patch)
+                                        cell.n, n_tokens, seed=seed, patch=patch, compile=cell.compile)
     cell.notes["mean_accept_length"] = mean_tau
     cell.p_value = chi_square_pooled(counts, exact, cell.n)
     cell.tv = total_variation(counts, exact, cell.n)

@@ -1,8 +1,8 @@
 """Static KV cache for a batch of sequences, with tree-shaped writes and compaction.
 
 Layout: K and V are each one tensor [layers, slots, capacity, kv_heads, head_dim]. A sequence
-owns one slot; its committed tokens sit at cache rows 0..len-1 (row == position). A forward
-writes its new tokens at explicit rows (tree node j of a round goes to row len+j); `compact`
+owns one slot; its committed tokens sit at cache rows 0..len-1 (row == position). The model
+runner reads rows inside a forward and writes a forward's new tokens afterwards at explicit rows (tree node j of a round goes to row len+j); `compact`
 then moves the accepted nodes down to contiguous rows. The cache does not track lengths —
 the engine's sequences do — and it never decides what is visible: the caller's mask does.
 """
@@ -41,14 +41,10 @@ class KVCache:
         return len(self._free)
 
     # data movement --------------------------------------------------------------------------
-    def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        # slots: [B]; rows: [B, T]; k, v: [B, T, Hkv, D]
-        self.k[layer][slots[:, None], rows] = k
-        self.v[layer][slots[:, None], rows] = v
-
-    def read(self, layer: int, slots: torch.Tensor | slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of rows 0..length-1 for each slot: [B, length, Hkv, D] (a view when slots is a slice)."""
-        return self.k[layer][slots, :length], self.v[layer][slots, :length]
+    def write(self, slots: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Every layer's new rows at once. slots [B]; rows [B, T]; k, v [L, B, T, Hkv, D]."""
+        self.k[:, slots[:, None], rows] = k
+        self.v[:, slots[:, None], rows] = v
 
     def compact(self, slots: list[int], src_rows: list[int], dst_rows: list[int]) -> None:
         """Copy rows src -> dst (same slot) in every layer; entries with src == dst are skipped."""

@@ -44,13 +44,13 @@ class LLM:
                  method: str = "ddtree", budget: int | None = None, topk: int | None = None,
                  block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
                  max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
-                 min_ngram: int | None = None, draft_len: int | None = None):
+                 min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto"):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
-                              max_queue=max_queue, **{k: v for k, v in (("max_ngram", max_ngram), (
+                              max_queue=max_queue, compile=compile, **{k: v for k, v in (("max_ngram", max_ngram), (
                                   "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
@@ -61,6 +61,7 @@ class LLM:
         self.tokenizer = Tokenizer(model)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)
+        self.engine.warmup(progress=sys.stderr.isatty())
 
     # ------------------------------------------------------------------ helpers
     def _ids(self, prompt: str | list[int]) -> list[int]:

@@ -128,20 +128,27 @@ def compiled_paths(device: str | None, target: dict | None = None, compile_timeo
     """What runs compiled or fused here, each probed on `device` (None: the device did not resolve)."""
     if device is None:
         why = "the device did not resolve"
-        return {"engine": engine_compile_option(), "attention": {"kernel": None, "runs": {}, "why": why},
+        return {"engine": engine_compile_option("cpu"), "attention": {"kernel": None, "runs": {}, "why": why},
                 "cuda_graphs": {"works": False, "why": why},
                 "torch_compile": {"probed": False, "works": None, "why": why}}
-    return {"engine": engine_compile_option(), "attention": attention_kernel(device, target or {}),
+    return {"engine": engine_compile_option(device), "attention": attention_kernel(device, target or {}),
             "cuda_graphs": cuda_graphs(device), "torch_compile": torch_compile(device, compile_timeout)}
 
 
-def engine_compile_option() -> dict:
-    """Whether this build's LLM() takes compile= at all (read from its signature)."""
+def engine_compile_option(device: str = "cpu") -> dict:
+    """Whether this build's LLM() takes compile= (read from its signature) and what "auto" means here."""
+    from ..engine.model_runner import resolve_compile
     from ..llm import LLM
     has = "compile" in inspect.signature(LLM).parameters
-    return {"compile_option": has,
-            "note": "LLM(compile=...) selects the compiled decode path" if has
-            else "LLM() has no compile option in this build: every forward runs eager PyTorch"}
+    if not has:
+        return {"compile_option": False,
+                "note": "LLM() has no compile option in this build: every forward runs eager PyTorch"}
+    import torch
+    auto = resolve_compile("auto", torch.device(device))
+    why = ("torch.compile (inductor), compiled at load" if auto else
+           "eager PyTorch (FLASHTREE_COMPILE=0 or no C++ compiler for inductor)")
+    return {"compile_option": True, "auto": auto,
+            "note": f"LLM(compile='auto') runs {why}; compile=True/False forces it (--compile/--no-compile)"}
 
 
 SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")

@@ -1,6 +1,7 @@
 """`flashtree generate PROMPT`: stream a completion to the terminal, or print one JSON object."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -22,6 +23,9 @@ def add_model_arguments(p) -> None:
     p.add_argument("--draft-len", type=int, default=None, help="ngram: longest chain copied per round (default 10)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
+                        "--no-compile runs eager PyTorch")
 
 
 def add_sampling_arguments(p) -> None:
@@ -54,7 +58,8 @@ def load_llm(args, **kw):
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
                block_size=args.block_size, device=args.device, dtype=args.dtype,
                max_ngram=getattr(args, "max_ngram", None), min_ngram=getattr(args, "min_ngram", None),
-               draft_len=getattr(args, "draft_len", None), **kw)
+               draft_len=getattr(args, "draft_len", None),
+               compile="auto" if getattr(args, "compile", None) is None else args.compile, **kw)
 
 
 def check_topk(args) -> None:

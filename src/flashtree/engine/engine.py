@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
-from ..kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
-from ..models.target import ForwardBatch, TargetModel
+from ..models.target import TargetModel
 from ..sampling import FilterPlan, logits_to_probs, sample
 from ..sampling_params import SamplingParams
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
-from .round import VerifyInput, context_mask, pack_trees
+from .model_runner import ModelRunner
+from .round import VerifyInput, pack_trees
 from .sequence import Sequence
 
 log = logging.getLogger("flashtree.engine")
@@ -49,6 +49,7 @@ class EngineConfig:
     min_ngram: int = 1               # ngram: the shortest
     draft_len: int = 10              # ngram: the longest chain copied (transformers' prompt_lookup_num_tokens)
     max_consecutive_failures: int = 8  # sequences failing in a row (none committing) = a broken engine
+    compile: bool | str = False      # the model runner's forwards: "auto" | True | False (eager)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -122,8 +123,9 @@ class Engine:
         self.default_topk = self.check_topk(config.topk, self.default_budget) if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
         self.capacity = self.max_model_len + slack  # cache rows per slot
-        self.cache = KVCache(tc.num_hidden_layers, config.max_batch_size, self.capacity,
-                             tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
+        self.runner = ModelRunner(target, drafter, config.max_batch_size, self.capacity, self.feature_layers,
+                                  config.compile)
+        self.cache = self.runner.cache  # slot ownership (allocate / free) and compaction
         self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         self.proposers: dict[str, Proposer] = {
@@ -137,6 +139,17 @@ class Engine:
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
         self.consecutive_failures = 0  # sequences failed since the last commit
+
+    def warmup(self, progress: bool = False) -> None:
+        """Compile the runner's graphs now (no-op when eager), for this engine's shapes."""
+        if not self.runner.compiled:
+            return
+        tokens = max([self.default_block_size, self.default_budget + 1, self.config.draft_len + 1])
+        buckets = self.runner.buckets(self.config.max_batch_size, tokens, self.default_block_size)
+        secs = self.runner.warmup(buckets, progress)
+        log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
+                 ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
+                 secs)
 
     # ---------------------------------------------------------------- requests
     def _check_method(self, method: str) -> type[Proposer]:
@@ -313,14 +326,16 @@ class Engine:
         for b, s in enumerate(seqs):
             ids[b, :lens[b]] = torch.tensor(s.prompt_ids)
         ids = ids.to(self.device)
-        length = torch.tensor(lens, device=self.device)
-        pos = torch.arange(T, device=self.device).expand(B, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-        mask = causal[None, None] & context_mask(length, T, T)          # [B, 1, T, T]
-        fb = ForwardBatch.for_slots([s.slot for s in seqs], pos, mask, self.cache)
-        hidden, feats = self.target(ids, pos, fb, self.feature_layers)
-        last = hidden[torch.arange(B, device=self.device), length - 1]   # [B, H]
-        first = self._sample(seqs, self.target.logits(last), [(b, b + 1) for b in range(B)])
+        dev = self.device
+        length = torch.tensor(lens, device=dev)
+        pos = torch.arange(T, device=dev).expand(B, T).contiguous()
+        t = torch.arange(T, device=dev)
+        # causal among the prompt's own tokens; padding sees only itself (no all-masked row)
+        vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < length[:, None, None])
+        vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
+        last = torch.arange(B, device=dev) * T + length - 1               # [B] flat index of each last token
+        logits, feats = self.runner.run_target(ids, pos, [s.slot for s in seqs], torch.zeros_like(length), vis, last)
+        first = self._sample(seqs, logits, [(b, b + 1) for b in range(B)])
         for b, s in enumerate(seqs):
             s.length = lens[b]
             self.proposers[s.method].on_prefill(s, feats[b, :lens[b]] if feats is not None else None)
@@ -356,12 +371,11 @@ class Engine:
                    self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput):
-        fb = ForwardBatch.for_slots([s.slot for s in batch], vin.rows, vin.mask, self.cache)
-        hidden, feats = self.target(vin.tokens, vin.positions, fb, self.feature_layers)
+        logits, feats = self.runner.run_target(vin.tokens, vin.positions, [s.slot for s in batch], vin.lengths,
+                                               vin.vis, vin.nodes)          # logits [R, V]: valid nodes only
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)
-        valid_hidden = hidden.flatten(0, 1).index_select(0, vin.nodes)   # [R, H], no host sync
-        return self.target.logits(valid_hidden), feats                      # [R, V] valid nodes only
+        return logits, feats
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
         """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""

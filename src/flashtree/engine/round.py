@@ -1,7 +1,7 @@
 """The data passed between the phases of a round, and packing trees into one target forward.
 
 draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
-`VerifyInput` (flat padded tensors + ancestor mask) -> target forward -> `VerifyOutput`
+`VerifyInput` (flat padded tensors + ancestor visibility) -> target forward -> `VerifyOutput`
 (`speculative/verify.py`) -> commit. Nothing here runs a model.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ class VerifyInput:
     parents: torch.Tensor    # [B, T] parent index (root and pad: 0)
     depths: torch.Tensor     # [B, T]
     valid: torch.Tensor      # [B, T] bool
-    positions: torch.Tensor  # [B, T] RoPE position = length + depth
-    rows: torch.Tensor       # [B, T] cache row = length + node index
-    mask: torch.Tensor       # [B, 1, T, S] bool: committed context + ancestors + self
+    positions: torch.Tensor  # [B, T] RoPE position = length + depth (cache row = length + node index)
+    lengths: torch.Tensor    # [B] committed rows each sequence's nodes see
+    vis: torch.Tensor        # [B, T, T] bool: node t sees node j (ancestors and itself)
     nodes: torch.Tensor      # [R] flat indices (b * T + t) of the valid nodes, sequence-major
     sizes: list[int]         # nodes per sequence (root included)
     max_depth: int
@@ -44,12 +44,6 @@ class VerifyInput:
         return torch.zeros_like(self.tokens).flatten().index_copy(0, self.nodes, values).view_as(self.tokens)
 
 
-def context_mask(lengths: torch.Tensor, T: int, S: int) -> torch.Tensor:
-    """[B, 1, T, S] bool with every committed row (< length) visible to every new token."""
-    cols = torch.arange(S, device=lengths.device)
-    return (cols[None, :] < lengths[:, None])[:, None, None, :].expand(-1, 1, T, -1).clone()
-
-
 def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
     B, T = len(trees), max(t.size for t in trees)
     tokens = np.zeros((B, T), dtype=np.int64)
@@ -57,6 +51,7 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
     depths = np.zeros((B, T), dtype=np.int64)
     valid = np.zeros((B, T), dtype=bool)
     vis = np.zeros((B, T, T), dtype=bool)
+    vis[:, np.arange(T), np.arange(T)] = True  # padding sees itself only: no all-masked attention row
     for b, t in enumerate(trees):
         n = t.size
         tokens[b, :n] = t.tokens
@@ -65,16 +60,9 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
         valid[b, :n] = True
         vis[b, :n, :n] = t.visibility()
     length = torch.tensor(lengths, dtype=torch.long, device=device)
-    S = max(lengths) + T
-    mask = context_mask(length, T, S)
-    idx = torch.arange(T, device=device)
-    rows = length[:, None] + idx                                            # [B, T]
-    b_idx = torch.arange(B, device=device)[:, None, None].expand(B, T, T)
-    t_idx = idx[None, :, None].expand(B, T, T)
-    mask[b_idx, 0, t_idx, rows[:, None, :].expand(B, T, T)] = torch.from_numpy(vis).to(device)
     depths_t = torch.from_numpy(depths).to(device)
     return VerifyInput(tokens=torch.from_numpy(tokens).to(device), parents=torch.from_numpy(parents).to(device),
                        depths=depths_t, valid=torch.from_numpy(valid).to(device),
-                       positions=length[:, None] + depths_t, rows=rows, mask=mask,
+                       positions=length[:, None] + depths_t, lengths=length, vis=torch.from_numpy(vis).to(device),
                        nodes=torch.from_numpy(np.flatnonzero(valid)).to(device),
                        sizes=[t.size for t in trees], max_depth=int(depths.max()))

@@ -13,7 +13,6 @@ from torch import nn
 
 from ..config import DrafterConfig
 from .layers import MLP, Attention, RMSNorm, Rotary
-from .target import ForwardBatch
 
 
 class DrafterLayer(nn.Module):
@@ -24,22 +23,18 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_block, rope_ctx, layer: int, fb: ForwardBatch | None,
-                ctx_rows: torch.Tensor | None, mask: torch.Tensor | None):
+    def forward(self, x, ctx, rope_block, rope_ctx, mask: torch.Tensor | None, past: tuple | None = None):
+        """Keys are [past rows, context, block] under `mask`; returns (x, context k, v or None)."""
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.project(h, *rope_block)
+        kc = vc = None
         if ctx is not None:
             kc, vc = self.self_attn.project_kv(ctx, *rope_ctx)
-        if fb is not None:
-            if ctx is not None:  # context first: padded context rows may point at block rows
-                fb.cache.write(layer, fb.slots, ctx_rows, kc, vc)
-            fb.cache.write(layer, fb.slots, fb.rows, k, v)
-            k, v = fb.cache.read(layer, fb.span or fb.slots, fb.mask.shape[-1])
-            mask = fb.mask
-        elif ctx is not None:
             k, v = torch.cat([kc, k], dim=1), torch.cat([vc, v], dim=1)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
         x = x + self.self_attn.attend(q, k, v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x)), kc, vc
 
 
 class DFlashDrafter(nn.Module):
@@ -55,21 +50,43 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, block_embeds: torch.Tensor, block_pos: torch.Tensor,
                 ctx_feats: torch.Tensor | None, ctx_pos: torch.Tensor | None,
-                fb: ForwardBatch | None = None, ctx_rows: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """block_embeds [B, K, H] (target embeddings of the block tokens), block_pos [B, K];
-        ctx_feats [B, C, n*H] raw target features of context tokens not yet cached, ctx_pos [B, C].
-        With `fb` context K/V are cached at `ctx_rows` and the block at `fb.rows`; without it
-        (training) keys are [context, block] under `mask` [B, 1, K, C+K]. Returns [B, K, H]."""
+        """No cache (training): block_embeds [B, K, H] (target embeddings of the block tokens),
+        block_pos [B, K]; ctx_feats [B, C, n*H] raw target features of the context, ctx_pos
+        [B, C]; keys are [context, block] under `mask` [B, 1, K, C+K]. Returns [B, K, H]."""
+        return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, mask, None)[0]
+
+    def forward_cached(self, block_embeds, block_pos, ctx_feats, ctx_pos, k_cache, v_cache, slots,
+                       past_len, ctx_len, block_len, cols):
+        """One drafting pass against the drafter's context cache, reading it only.
+
+        ctx_feats [B, C, n*H] are the features of context tokens not cached yet (their K/V are
+        returned for the caller to write at rows past_len .. past_len+C-1); the block sees cached
+        rows < past_len[b] ([S] = cols), context rows < ctx_len[b] and block rows < block_len[b]
+        (non-causal). Returns (hidden [B, K, H], k_ctx, v_ctx [L, B, C, Hkv, D])."""
+        B, K = block_pos.shape
+        seen = cols[None, :] < past_len[:, None]                                   # [B, S]
+        fresh = torch.arange(ctx_feats.shape[1], device=cols.device)[None, :] < ctx_len[:, None]
+        own = torch.arange(K, device=cols.device)[None, :] < block_len[:, None]
+        mask = torch.cat([seen, fresh, own], dim=1)[:, None, None, :].expand(B, 1, K, -1)  # [B, 1, K, S+C+K]
+        S = cols.shape[0]
+        past = [(k_cache[i][slots, :S], v_cache[i][slots, :S]) for i in range(len(self.layers))]
+        return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, mask, past)
+
+    def _run(self, block_embeds, block_pos, ctx_feats, ctx_pos, mask, past):
         x = block_embeds
         rope_block = self.rotary_emb(block_pos, x.dtype)
         ctx, rope_ctx = None, None
         if ctx_feats is not None and ctx_feats.shape[1] > 0:
             ctx = self.hidden_norm(self.fc(ctx_feats))
             rope_ctx = self.rotary_emb(ctx_pos, x.dtype)
+        ks, vs = [], []
         for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, rope_block, rope_ctx, i, fb, ctx_rows, mask)
-        return self.norm(x)
+            x, kc, vc = layer(x, ctx, rope_block, rope_ctx, mask, None if past is None else past[i])
+            ks.append(kc), vs.append(vc)
+        if past is None or ctx is None:
+            return self.norm(x), None, None
+        return self.norm(x), torch.stack(ks), torch.stack(vs)
 
     def fuse(self) -> "DFlashDrafter":
         """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""

@@ -1,38 +1,21 @@
 """The target LM (qwen3 / llama / qwen2 decoder) with explicit positions, cache rows and masks.
 
-`TargetModel.forward` runs any set of new tokens per sequence — a prompt, one token, a chain
-or a draft tree — given where each token sits (RoPE position), which cache row it writes, and
-which cache rows it may see. It returns final hidden states and, on request, drafter features
-in HF's `hidden_states` convention (SPEC §2): feature id L = `hidden_states[L+1]`, the output of
-decoder layer L, taken after the final norm for the last layer. It does not sample, schedule or
-build masks.
+`TargetModel.forward_cached` runs any set of new tokens per sequence — a prompt, one token, a
+chain or a draft tree — given where each token sits (RoPE position), how many cached rows each
+sequence sees and which new tokens see each other; it reads the KV cache and returns the new
+K/V for the caller to write (so the function has no side effects and compiles as one graph).
+`forward` is the same network without a cache (training). Both return final hidden states and,
+on request, drafter features in HF's `hidden_states` convention (SPEC §2): feature id L =
+`hidden_states[L+1]`, the output of decoder layer L, taken after the final norm for the last
+layer. Nothing here samples, schedules, writes the cache or builds trees.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kv_cache import KVCache
 from .layers import MLP, Attention, RMSNorm, Rotary
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    """Where the new tokens of one forward go and what they see."""
-    slots: torch.Tensor       # [B] cache slot of each sequence
-    rows: torch.Tensor        # [B, T] cache row each new token writes
-    mask: torch.Tensor        # [B, 1, T, S] bool: token t may attend to cache row s
-    cache: KVCache
-    span: slice | None = None  # slots as a slice when they are consecutive: reads become views
-
-    @classmethod
-    def for_slots(cls, slots: list[int], rows, mask, cache: KVCache) -> "ForwardBatch":
-        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
-        return cls(torch.tensor(slots, device=rows.device), rows, mask, cache,
-                   slice(slots[0], slots[0] + len(slots)) if consecutive else None)
 
 
 class DecoderLayer(nn.Module):
@@ -43,15 +26,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, layer: int, fb: ForwardBatch | None, mask=None):
+    def forward(self, x, cos, sin, mask=None, past: tuple | None = None):
+        """past: (K, V) [B, S, Hkv, D] of cached rows, seen before the new tokens' own K/V under
+        `mask` [B, 1, T, S+T]. Returns (x, k, v) with k, v [B, T, Hkv, D] of the new tokens."""
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.project(h, cos, sin)
-        if fb is not None:
-            fb.cache.write(layer, fb.slots, fb.rows, k, v)
-            k, v = fb.cache.read(layer, fb.span or fb.slots, fb.mask.shape[-1])
-            mask = fb.mask
-        x = x + self.self_attn.attend(q, k, v, mask, causal=True)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
+        x = x + self.self_attn.attend(q, keys, values, mask, causal=past is None)
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
 class Backbone(nn.Module):
@@ -72,26 +54,49 @@ class TargetModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch | None = None,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 feature_layers: list[int] | None = None, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, positions: [B, T]. With `fb` the K/V go through the cache; without it the
-        tokens attend among themselves (causal, or `mask` [B, 1, T, T]) — the training path.
-        Returns (final hidden [B, T, H], features [B, T, len(feature_layers)*H] or None); feature
-        id L is HF `hidden_states[L+1]`, so the last layer's is the final-normed hidden."""
+        """No cache: input_ids, positions [B, T] attend among themselves (causal, or `mask`
+        [B, 1, T, T]) — the training and reference path. Returns (final hidden [B, T, H],
+        features [B, T, len(feature_layers)*H] or None)."""
+        x, features, _, _ = self._run(input_ids, positions, feature_layers, mask, None)
+        return x, features
+
+    def forward_cached(self, input_ids, positions, k_cache, v_cache, slots, lengths, vis, cols,
+                       feature_layers: tuple[int, ...] = ()):
+        """New tokens against a KV cache, reading it only (the caller writes the returned K/V).
+
+        input_ids, positions [B, T]; k_cache, v_cache [L, slots, capacity, Hkv, D]; slots [B];
+        lengths [B]: sequence b sees its cached rows < lengths[b]; vis [B, T, T] bool: new token
+        t sees new token j (a tree's ancestors and itself); cols [S] = arange(S), S >= max
+        length: the cached rows read. Returns (hidden [B, T, H], features or None,
+        k_new, v_new [L, B, T, Hkv, D])."""
+        B, T = input_ids.shape
+        seen = (cols[None, :] < lengths[:, None])[:, None, :].expand(B, T, cols.shape[0])  # [B, T, S]
+        mask = torch.cat([seen, vis], dim=2)[:, None]                                    # [B, 1, T, S+T]
+        S = cols.shape[0]
+        past = [(k_cache[i][slots, :S], v_cache[i][slots, :S]) for i in range(len(self.model.layers))]
+        return self._run(input_ids, positions, feature_layers, mask, past)
+
+    def _run(self, input_ids, positions, feature_layers, mask, past):
+        """Feature id L is HF `hidden_states[L+1]`, so the last layer's is the final-normed hidden."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         wanted = set(feature_layers or ())
-        by_id = {}
+        by_id, ks, vs = {}, [], []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, i, fb, mask)
+            x, k, v = layer(x, cos, sin, mask, None if past is None else past[i])
+            ks.append(k), vs.append(v)
             if i in wanted:
                 by_id[i] = x
         x = self.model.norm(x)
         if len(self.model.layers) - 1 in wanted:  # as transformers: the last entry is post-norm
             by_id[len(self.model.layers) - 1] = x
         features = torch.cat([by_id[i] for i in feature_layers], dim=-1) if feature_layers else None
-        return x, features
+        if past is None:
+            return x, features, None, None
+        return x, features, torch.stack(ks), torch.stack(vs)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

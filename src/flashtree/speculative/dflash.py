@@ -1,7 +1,8 @@
 """`dflash`: one DFlash drafter pass per round, its argmax drafts verified as a chain.
 
-`DFlashDrafts` owns what every drafter-based method shares: the drafter's context K/V cache and
-each sequence's pending target features (those of committed tokens not yet in that cache). One
+`DFlashDrafts` owns what every drafter-based method shares: each sequence's pending target
+features (those of committed tokens not yet in the drafter's context cache, which the model
+runner holds). One
 pass runs [bonus, MASK x (K-1)] for its sequences and returns per-depth top-k drafts on the host.
 """
 from __future__ import annotations
@@ -11,8 +12,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..engine.round import DraftOutput
-from ..kv_cache import KVCache
-from ..models.target import ForwardBatch
 from .proposer import Proposer
 from .tree import DraftTree, chain_tree
 
@@ -27,11 +26,7 @@ class DFlashDrafts:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        dc = engine.drafter.config
-        lc = dc.layers
-        self.mask_token_id = dc.mask_token_id
-        self.cache = KVCache(lc.num_hidden_layers, engine.config.max_batch_size, engine.capacity,
-                             lc.num_key_value_heads, lc.head_dim, engine.dtype, engine.device)
+        self.mask_token_id = engine.drafter.config.mask_token_id
         self.pending: dict[Sequence, torch.Tensor] = {}  # [n, F] features not yet in the drafter cache
         self.fed: dict[Sequence, int] = {}               # pending rows this round's pass wrote to the cache
         self.source = self.run
@@ -57,33 +52,24 @@ class DFlashDrafts:
         eng = self.engine
         dev, B = eng.device, len(seqs)
         K = max(s.block_size for s in seqs)
-        lengths = torch.tensor([s.length for s in seqs], device=dev)
         pend = [self.pending.get(s) for s in seqs]
         n_ctx = [p.shape[0] if p is not None else 0 for p in pend]
         C = max(n_ctx)
-        F = next(p for p in pend if p is not None).shape[1] if C else 0
+        F = eng.drafter.fc.in_features
         ctx = torch.zeros(B, C, F, dtype=eng.dtype, device=dev)
-        ctx_pos = torch.zeros(B, C, dtype=torch.long, device=dev)
-        ctx_rows = lengths[:, None].expand(B, C).clone()  # padding rows land on the block, overwritten
-        for b, s in enumerate(seqs):
-            n = n_ctx[b]
-            if n:
-                ctx[b, :n] = pend[b]
-                ctx_pos[b, :n] = torch.arange(s.length - n, s.length, device=dev)
-                ctx_rows[b, :n] = ctx_pos[b, :n]
+        for b, p in enumerate(pend):
+            if n_ctx[b]:
+                ctx[b, :n_ctx[b]] = p
+        lengths = torch.tensor([s.length for s in seqs], device=dev)
+        ctx_len = torch.tensor(n_ctx, device=dev)
+        past = lengths - ctx_len                                             # rows already in the drafter cache
+        ctx_pos = past[:, None] + torch.arange(C, device=dev)                # [B, C]
         block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
         block[:, 0] = torch.tensor([s.bonus for s in seqs], device=dev)
-        block_pos = lengths[:, None] + torch.arange(K, device=dev)      # [B, K]
-        visible = lengths + torch.tensor([s.block_size for s in seqs], device=dev)
-        S = int(max(s.length for s in seqs)) + K
-        cols = torch.arange(S, device=dev)
-        mask = (cols[None, :] < visible[:, None])[:, None, None, :].expand(B, 1, K, S)  # non-causal block
-        fb = ForwardBatch.for_slots([s.slot for s in seqs], block_pos, mask, self.cache)
-        hidden = eng.drafter(eng.target.model.embed_tokens(block), block_pos, ctx if C else None,
-                             ctx_pos, fb, ctx_rows)
-        H = hidden.shape[-1]
-        slots_out = hidden[:, 1:].reshape(-1, H)          # 2-D: one GEMM instead of a slow batched matmul
-        logprobs = eng.target.logits(slots_out).float().log_softmax(-1).view(B, K - 1, -1)  # [B, K-1, V]
+        block_pos = lengths[:, None] + torch.arange(K, device=dev)          # [B, K]
+        block_len = torch.tensor([s.block_size for s in seqs], device=dev)
+        logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, [s.slot for s in seqs], past, ctx_len,
+                                          block_len)                         # [B, K-1, V]
         k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = logprobs.topk(k, dim=-1)
         top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()           # host sync 1 of 2

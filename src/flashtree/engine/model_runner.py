@@ -1,0 +1,196 @@
+"""The model runner: the target's and the drafter's forward passes and their KV caches.
+
+The engine hands it one forward's tensors — a prefill, a verify batch of packed trees, a
+drafter block — and gets logits (and drafter features) back. Inside, each forward is one pure
+function of tensors: it *reads* the cache rows a sequence may see and returns the new K/V, which
+the runner then writes with one indexed copy per cache. That function runs eager or compiled:
+
+- `compile=False`: eager PyTorch (always available, the reference mode).
+- `compile=True`: `torch.compile` (inductor) with dynamic batch, tokens-per-sequence and context
+  lengths, so one compiled graph serves every shape of a kind. Dynamo specialises sizes 0 and 1,
+  so the graphs are the buckets (batch 1 | >1) x (tokens 1 | >1) for the target and (batch
+  1 | >1) for the drafter; the runner pads every other dynamic size to >= 2 so it never
+  specialises on them. `warmup()` compiles all buckets up front.
+- `compile="auto"`: on where it pays — CUDA, or a CPU with a C++ compiler for inductor — unless
+  `FLASHTREE_COMPILE=0` is set in the environment (operators and the test suite use it to skip
+  the warm-up).
+
+It does not choose tokens, build trees, sample or own slot allocation policy (the engine does).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from ..errors import UserError
+from ..kv_cache import KVCache
+from ..models.drafter import DFlashDrafter
+from ..models.target import TargetModel
+
+log = logging.getLogger("flashtree.engine")
+
+COMPILE_CHOICES = ("auto", True, False)
+
+
+def resolve_compile(compile: bool | str, device: torch.device) -> bool:
+    """What compile="auto" | True | False means on this machine."""
+    if compile not in COMPILE_CHOICES:
+        raise UserError(f"compile must be 'auto', True or False, got {compile!r}")
+    if compile != "auto":
+        return bool(compile)
+    if os.environ.get("FLASHTREE_COMPILE", "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return device.type == "cuda" or shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """Mark dims of size >= 2 dynamic (sizes 0/1 are specialised by dynamo: they are the buckets)."""
+    for d in dims:
+        if t.shape[d] >= 2:
+            torch._dynamo.mark_dynamic(t, d)
+    return t
+
+
+def _at_least_2(n: int) -> int:
+    return max(n, 2)
+
+
+class ModelRunner:
+    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, num_slots: int, capacity: int,
+                 feature_layers: list[int] | None, compile: bool | str = False):
+        self.target, self.drafter = target, drafter
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        tc = target.config
+        self.cache = KVCache(tc.num_hidden_layers, num_slots, capacity, tc.num_key_value_heads, tc.head_dim,
+                             self.dtype, self.device)
+        self.draft_cache = None
+        if drafter is not None:
+            lc = drafter.config.layers
+            self.draft_cache = KVCache(lc.num_hidden_layers, num_slots, capacity, lc.num_key_value_heads,
+                                       lc.head_dim, self.dtype, self.device)
+        self.feature_layers = tuple(feature_layers or ())
+        self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
+        self.compiled = resolve_compile(compile, self.device)
+        self._target_fn: Callable = self._target_step
+        self._draft_fn: Callable = self._draft_step
+        if self.compiled:
+            import torch.fx.experimental._config as fx_config
+            fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+            self._target_fn = torch.compile(self._target_step, dynamic=False, fullgraph=True)
+            self._draft_fn = torch.compile(self._draft_step, dynamic=False, fullgraph=True)
+
+    # ------------------------------------------------------------------ the pure forwards
+    def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
+        # tokens, positions [B, T]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t
+        hidden, feats, k, v = self.target.forward_cached(tokens, positions, k_cache, v_cache, slots,
+                                                         lengths, vis, cols, self.feature_layers)
+        logits = self.target.logits(hidden.flatten(0, 1).index_select(0, nodes))   # [R, V]
+        return logits, feats, k, v
+
+    def _draft_step(self, block, block_pos, ctx, ctx_pos, slots, past_len, ctx_len, block_len, cols, k_cache,
+                    v_cache):
+        # block, block_pos [B, K]; ctx [B, C, F]; ctx_pos [B, C]; past_len, ctx_len, block_len [B]; cols [S]
+        embeds = self.target.model.embed_tokens(block)
+        hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, slots,
+                                                   past_len, ctx_len, block_len, cols)
+        # slot k > 0 drafts position start+k: one 2-D GEMM through the target's LM head
+        H = hidden.shape[-1]
+        logits = self.target.logits(hidden[:, 1:].reshape(-1, H)).float()             # [B*(K-1), V]
+        return logits.log_softmax(-1).view(block.shape[0], block.shape[1] - 1, -1), k, v
+
+    # ------------------------------------------------------------------ what the engine calls
+    def run_target(self, tokens: torch.Tensor, positions: torch.Tensor, slots: list[int], lengths: torch.Tensor,
+                   vis: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target forward over new tokens [B, T] of the sequences in cache `slots`: each sees
+        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V are
+        written at rows lengths[b] + t. Returns (logits [R, V] of the flat indices `nodes`,
+        drafter features [B, T, F] or None)."""
+        B, T = tokens.shape
+        self.shapes["target", B, T] += 1
+        R = nodes.shape[0]
+        if B * T > 1 and R < 2:  # keep the dynamic row count off dynamo's 0/1 specialisation
+            nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
+        slots_t = torch.tensor(slots, device=self.device)
+        cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
+        args = (_dynamic(tokens, 0, 1), _dynamic(positions, 0, 1), _dynamic(slots_t, 0), _dynamic(lengths, 0),
+                _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0))
+        logits, feats, k, v = self._target_fn(*args, self.cache.k, self.cache.v)
+        rows = lengths[:, None] + torch.arange(T, device=self.device)                  # [B, T]
+        self.cache.write(slots_t, rows, k, v)
+        return logits[:R], feats
+
+    def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
+                    slots: list[int], past_len: torch.Tensor, ctx_len: torch.Tensor, block_len: torch.Tensor
+                    ) -> torch.Tensor:
+        """One drafter pass: blocks [B, K] see cached context rows < past_len[b], the fresh context
+        features ctx [B, C, F] (rows < ctx_len[b]; their K/V are written at past_len[b] + c) and
+        their own first block_len[b] tokens. Returns draft log-probs [B, K-1, V] (float32)."""
+        B, C = ctx.shape[:2]
+        self.shapes["drafter", B, block.shape[1]] += 1
+        if C < 2:  # pad the context to >= 2 rows (masked out by ctx_len)
+            ctx = torch.cat([ctx, ctx.new_zeros(B, 2 - C, ctx.shape[2])], 1)
+            ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
+        slots_t = torch.tensor(slots, device=self.device)
+        cols = torch.arange(_at_least_2(int(past_len.max())), device=self.device)
+        args = (_dynamic(block, 0, 1), _dynamic(block_pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
+                _dynamic(slots_t, 0), _dynamic(past_len, 0), _dynamic(ctx_len, 0), _dynamic(block_len, 0),
+                _dynamic(cols, 0))
+        logprobs, k, v = self._draft_fn(*args, self.draft_cache.k, self.draft_cache.v)
+        rows = past_len[:, None] + torch.arange(ctx.shape[1], device=self.device)      # [B, C]
+        self.draft_cache.write(slots_t, rows, k, v)
+        return logprobs
+
+    # ------------------------------------------------------------------ compile up front
+    def buckets(self, max_batch_size: int, max_tokens: int, block_size: int) -> list[tuple[str, int, int]]:
+        """The graphs a run can need: (model, batch, tokens per sequence) — one per specialisation."""
+        batches = [1] + ([min(3, max_batch_size)] if max_batch_size > 1 else [])
+        tokens = [1] + ([max(max_tokens, 2)] if max_tokens > 1 else [])
+        out = [("target", b, t) for b in batches for t in tokens]
+        if self.drafter is not None:
+            out += [("drafter", b, block_size) for b in batches]
+        return out
+
+    @torch.inference_mode()
+    def warmup(self, buckets: list[tuple[str, int, int]], progress: bool = False) -> float:
+        """Run every bucket once on dummy inputs (compiling it when compiled); no cache row is
+        written. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(buckets), desc="compiling", unit="graph")
+        dev = self.device
+        for model, B, T in buckets:
+            slots = torch.arange(B, device=dev)
+            lengths = torch.full((B,), 5, device=dev)
+            pos = (lengths[:, None] + torch.arange(T, device=dev)).contiguous()
+            ids = torch.zeros(B, T, dtype=torch.long, device=dev)
+            cols = torch.arange(5, device=dev)
+            if model == "target":
+                vis = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T).contiguous()
+                nodes = torch.arange(B * T, device=dev)
+                self._target_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(slots, 0), _dynamic(lengths, 0),
+                                _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0), self.cache.k,
+                                self.cache.v)
+            else:
+                C, F = 3, self.drafter.fc.in_features
+                ctx = torch.zeros(B, C, F, dtype=self.dtype, device=dev)
+                ctx_pos = (lengths[:, None] + torch.arange(C, device=dev)).contiguous()
+                n = torch.full((B,), C, device=dev)
+                self._draft_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
+                               _dynamic(slots, 0), _dynamic(lengths.clone(), 0), _dynamic(n, 0),
+                               _dynamic(torch.full((B,), T, device=dev), 0), _dynamic(cols, 0), self.draft_cache.k,
+                               self.draft_cache.v)
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        return time.perf_counter() - t0
