@@ -84,8 +84,10 @@ class ModelRunner:
             import torch.fx.experimental._config as fx_config
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
-            self._target_fn = torch.compile(self._target_step, dynamic=False, fullgraph=True)
-            self._draft_fn = torch.compile(self._draft_step, dynamic=False, fullgraph=True)
+            # the C++ wrapper calls the kernels without a Python frame each (~0.2 ms a step on CPU)
+            opts = {"cpp_wrapper": True} if self.device.type == "cpu" else None
+            self._target_fn = torch.compile(self._target_step, dynamic=False, fullgraph=True, options=opts)
+            self._draft_fn = torch.compile(self._draft_step, dynamic=False, fullgraph=True, options=opts)
 
     # ------------------------------------------------------------------ the pure forwards
     def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
