@@ -198,12 +198,12 @@ def test_tree_size_of_a_capped_tree():
     assert Config("ddtree", 7, 1).label == "ddtree@7/topk1" and Config("ddtree", 7).label == "ddtree@7"
 
 
-def _wrong_bonus(tokens, parents, depths, valid, draws, max_depth):
+def _wrong_bonus(tokens, parents, depths, valid, draws, vis):
     """A broken verifier: whenever a draft was verified, the bonus repeats the root token."""
     import torch
 
     from flashtree.speculative.verify import verify_tree
-    out = verify_tree(tokens, parents, depths, valid, draws, max_depth)
+    out = verify_tree(tokens, parents, depths, valid, draws, vis)
     out.bonus = torch.where(valid[:, 1:].any(1), tokens[:, 0], out.bonus)
     return out
 

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
-from flashtree.speculative.tree import build_ddtree, chain_tree
+from flashtree.speculative.tree import DraftTree, build_ddtree, chain_tree
 from flashtree.speculative.verify import verify_tree
 
 
@@ -81,8 +81,44 @@ def test_verify_walk_follows_matching_children_and_stops_at_first_miss():
     depths = torch.tensor([[0, 1, 1, 2, 3]])
     valid = torch.ones(1, 5, dtype=torch.bool)
     draws = torch.tensor([[5, 7, 0, 9, 0]])   # root drew 5 -> node 1; node 1 drew 7 -> node 3; node 3 drew 9: miss
-    out = verify_tree(tokens, parents, depths, valid, draws, 3)
+    vis = torch.from_numpy(DraftTree([4, 5, 6, 7, 8], [-1, 0, 0, 1, 3], [0, 1, 1, 2, 3], [0.0] * 5).visibility())
+    out = verify_tree(tokens, parents, depths, valid, draws, vis[None])
     assert out.accepted[0].tolist() == [True, True, False, True, False]
     assert out.last.item() == 3 and out.bonus.item() == 9
+
+
+def test_verify_walk_matches_a_host_walk_on_random_trees():
+    """The loop-free walk (no unmatched node on the root path) == walking child by child."""
+    import random
+    from flashtree.engine.round import pack_trees
+    rng = random.Random(0)
+    for _ in range(300):
+        trees, walks, draws_rows = [], [], []
+        for _b in range(3):
+            n = rng.randint(1, 12)
+            parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+            tokens, depths = [rng.randrange(4)], [0]
+            for i in range(1, n):
+                depths.append(depths[parents[i]] + 1)
+                used = {tokens[j] for j in range(1, i) if parents[j] == parents[i]}
+                tokens.append(next(t for t in rng.sample(range(8), 8) if t not in used))  # siblings distinct
+            draws = [rng.randrange(4) for _ in range(n)]
+            node, path = 0, [0]
+            while True:  # host reference: move to the child carrying the current node's draw
+                kids = [i for i in range(1, n) if parents[i] == node and tokens[i] == draws[node]]
+                if not kids:
+                    break
+                node = kids[0]
+                path.append(node)
+            trees.append(DraftTree(tokens, parents, depths, [0.0] * n))
+            walks.append((path, draws[node]))
+            draws_rows.append(draws)
+        vin = pack_trees(trees, [5, 6, 7], "cpu")
+        T = vin.tokens.shape[1]
+        draws_t = torch.tensor([d + [0] * (T - len(d)) for d in draws_rows])
+        out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, draws_t, vin.vis)
+        for b, (path, bonus) in enumerate(walks):
+            assert [i for i, ok in enumerate(out.accepted[b].tolist()) if ok] == path
+            assert out.bonus[b].item() == bonus
     chain = chain_tree(4, [5, 7, 8])
     assert chain.parents == [-1, 0, 1, 2] and chain.depths == [0, 1, 2, 3]

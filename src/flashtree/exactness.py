@@ -258,7 +258,7 @@ def greedy_walk_sampled_bonus(engine: Engine) -> None:
     def _verify(batch, vin, logits):
         sampled = vin.scatter(engine._sample(batch, logits, vin.spans))
         greedy = vin.scatter(logits.argmax(-1))
-        out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.max_depth)
+        out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.vis)
         out.bonus = sampled.gather(1, out.last[:, None]).squeeze(1)
         return out
     engine._verify = _verify

@@ -395,7 +395,7 @@ class Engine:
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
         draws = vin.scatter(self._sample(batch, logits, vin.spans))           # [B, T]
-        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.max_depth)
+        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.vis)
 
     def _commit(self, batch, trees, vin: VerifyInput, vout: VerifyOutput, feats) -> None:
         accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2

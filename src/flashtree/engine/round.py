@@ -31,7 +31,6 @@ class VerifyInput:
     vis: torch.Tensor        # [B, T, T] bool: node t sees node j (ancestors and itself)
     nodes: torch.Tensor      # [R] flat indices (b * T + t) of the valid nodes, sequence-major
     sizes: list[int]         # nodes per sequence (root included)
-    max_depth: int
 
     @property
     def spans(self) -> list[tuple[int, int]]:
@@ -65,4 +64,4 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        depths=depths_t, valid=torch.from_numpy(valid).to(device),
                        positions=length[:, None] + depths_t, lengths=length, vis=torch.from_numpy(vis).to(device),
                        nodes=torch.from_numpy(np.flatnonzero(valid)).to(device),
-                       sizes=[t.size for t in trees], max_depth=int(depths.max()))
+                       sizes=[t.size for t in trees])

@@ -21,17 +21,18 @@ class VerifyOutput:
 
 
 def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                valid: torch.Tensor, draws: torch.Tensor, max_depth: int) -> VerifyOutput:
+                valid: torch.Tensor, draws: torch.Tensor, vis: torch.Tensor) -> VerifyOutput:
     """tokens, parents, depths, valid, draws: [B, T] (node 0 = root; parents[:, 0] = 0;
     padding nodes have valid = False). draws[b, i] = the target's token drawn at node i.
-    max_depth (host int) bounds the sweeps, so the function never syncs."""
+    vis [B, T, T] bool: vis[b, i, j] when node j is node i or one of its ancestors. A fixed
+    number of tensor ops, whatever the depth: no loop, no host sync."""
     is_root = torch.zeros_like(valid)
     is_root[:, 0] = True
     # a node matches when its token equals its parent's draw
     match = valid & (tokens == draws.gather(1, parents)) & ~is_root        # [B, T]
-    accepted = is_root.clone()
-    for _ in range(max_depth):  # parents precede children: depth-many sweeps settle it
-        accepted = is_root | (match & accepted.gather(1, parents))
+    ok = match | is_root
+    # accepted = valid and every node on its root path (itself included) matched
+    accepted = valid & ~(vis & ~ok[:, None, :]).any(dim=-1)                # [B, T]
     last = torch.where(accepted, depths, -1).argmax(dim=1)                 # [B]
     bonus = draws.gather(1, last[:, None]).squeeze(1)
     return VerifyOutput(accepted, last, bonus)
