@@ -204,3 +204,22 @@ def test_cli_generate_ngram_without_a_drafter(tiny_pair, capsys):
     assert len(out["token_ids"]) == 6 and out["metrics"]["rounds"] >= 1
     assert main(["generate", "x", "--model", str(tiny_pair[0]), "--method", "hybrid", "--device", "cpu"]) != 0
     assert "needs a drafter" in capsys.readouterr().err
+
+
+def test_ngram_match_equals_a_brute_force_search():
+    """The vectorised lookup == trying every n (longest first) and every earlier position (latest first)."""
+    import random
+    from flashtree.speculative.ngram import ngram_match
+
+    def brute(t, mx, mn, k):
+        for n in range(min(mx, len(t) - 1), mn - 1, -1):
+            for s in range(len(t) - 1 - n, -1, -1):
+                if t[s:s + n] == t[len(t) - n:]:
+                    return t[s + n:s + n + k] if k >= 1 else []
+        return []
+    rng = random.Random(0)
+    for _ in range(3000):
+        t = [rng.randrange(rng.choice([2, 3, 20])) for _ in range(rng.randint(1, 30))]
+        mn = rng.randint(1, 4)
+        mx, k = rng.randint(mn, 6), rng.randint(0, 5)
+        assert ngram_match(t, mx, mn, k) == brute(t, mx, mn, k), (t, mx, mn, k)

@@ -9,7 +9,6 @@ depends on committed tokens only, so the verify rule keeps the target's distribu
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import UserError
 from .proposer import Proposer
@@ -23,15 +22,21 @@ def ngram_match(tokens: list[int] | np.ndarray, max_ngram: int, min_ngram: int, 
     suffix n-gram of `tokens`, max_ngram >= n >= min_ngram; [] when no suffix occurred earlier."""
     a = np.asarray(tokens, dtype=np.int64)
     L = len(a)
-    if k < 1:
+    if k < 1 or L < 2:
         return []
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        # windows of a[:-1] start at 0..L-1-n: every occurrence that ends before the last token
-        hits = np.flatnonzero((sliding_window_view(a[:-1], n) == a[L - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n  # the most recent occurrence's next token (< L)
-            return a[start:start + k].tolist()
-    return []
+    # ends: where an occurrence of the length-n suffix ends, before the last token; grow n while any survive
+    ends, n, best = np.flatnonzero(a[:-1] == a[-1]), 1, None
+    if ends.size and min_ngram <= 1:
+        best = ends[-1]
+    while n < min(max_ngram, L - 1) and ends.size:
+        ends = ends[ends >= n]                      # room for one more token before the occurrence
+        ends = ends[a[ends - n] == a[L - 1 - n]]    # ... and it matches the suffix's
+        n += 1
+        if ends.size and n >= min_ngram:
+            best = ends[-1]                          # the longest so far, most recent occurrence
+    if best is None:
+        return []
+    return a[best + 1:best + 1 + k].tolist()
 
 
 def check_ngram(max_ngram, min_ngram, draft_len, max_draft: int, error=UserError) -> None:
