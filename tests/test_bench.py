@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flashtree.benchmarking import ComponentCosts, Config, Pass, component_costs, portable_path, summarize_group
+from flashtree.benchmarking import BenchPlan, ComponentCosts, Config, Pass, component_costs, portable_path, summarize_group
 from flashtree.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -110,7 +110,7 @@ def test_bound_from_isolated_component_costs():
     tree = [Pass(seconds=0.8, tokens=100, accept_lengths=[3] * 50, steps=50,
                  timings={"draft": 0.3, "tree": 0.1, "verify_forward": 0.5, "pack": 0.05, "commit": 0.05})]
     peers = [{"name": "hf_generate", "tok_s": 50.0}]
-    ar_cell, tree_cell = summarize_group({Config("ar"): ar, Config("ddtree", 4): tree}, 0.0, 1, 4, peers, costs)
+    ar_cell, tree_cell = summarize_group({Config("ar"): ar, Config("ddtree", 4): tree}, 0.0, 1, 4, peers, {None: costs})
     assert ar_cell["bound"] == 1.0 and ar_cell["costs_ms"]["tree_size"] == 1
     assert tree_cell["costs_ms"] == pytest.approx({"c1": 10.0, "draft": 5.0, "verify": 15.0, "tree_size": 5,
                                                    "context": 40})
@@ -239,3 +239,12 @@ def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, monkeypatc
         assert c["exact"]["passed"] is (True if c["method"] == "ar" else False), c
     assert "NOT EXACT" in err and "ddtree@3/topk1 at T=0.6" in err
     assert " NO p=" in out and " NO " in out
+
+
+def test_compile_modes_measure_each_config_in_each_mode_against_its_own_plain_decoding():
+    plan = BenchPlan(methods=["ar", "ddtree"], budgets=[4], temperatures=[0.0], concurrency=[1],
+                     compile_modes=[False, True])
+    cfgs = plan.configs()
+    assert [c.label for c in cfgs] == ["ar [eager]", "ddtree@4 [eager]", "ar [compiled]", "ddtree@4 [compiled]"]
+    assert cfgs[3].baseline == cfgs[2] and cfgs[1].baseline == cfgs[0]
+    assert BenchPlan(methods=["ar"], budgets=[], temperatures=[0.0], concurrency=[1]).configs()[0].label == "ar"

@@ -48,12 +48,19 @@ class Config:
     method: str              # a name in speculative.proposer.METHODS
     budget: int | None = None  # ddtree nodes per round; None otherwise
     topk: int | None = None    # ddtree children per node at most; None = no cap
+    compiled: bool | None = None  # the model runner's mode for this config; None = as loaded
 
     @property
     def label(self) -> str:
+        mode = "" if self.compiled is None else (" [compiled]" if self.compiled else " [eager]")
         if self.budget is None:
-            return self.method
-        return f"{self.method}@{self.budget}" + (f"/topk{self.topk}" if self.topk is not None else "")
+            return self.method + mode
+        return f"{self.method}@{self.budget}" + (f"/topk{self.topk}" if self.topk is not None else "") + mode
+
+    @property
+    def baseline(self) -> "Config":
+        """Plain decoding in the same mode: what this config's speedup and greedy identity refer to."""
+        return Config("ar", compiled=self.compiled)
 
 
 @dataclass(slots=True)
@@ -87,6 +94,7 @@ class BenchPlan:
     lookup_tokens: int = 10      # prompt_lookup_num_tokens of the assisted-generation peer
     topks: list[int | None] = field(default_factory=lambda: [None])  # ddtree branching caps (None: none)
     exact_samples: int = 20000   # samples of each T>0 chi-square cell; 0 = no exactness check
+    compile_modes: list[bool] | None = None  # compare eager (False) and compiled (True) runs; None = as loaded
 
     def __post_init__(self):
         for name in ("methods", "temperatures", "concurrency"):
@@ -111,7 +119,8 @@ class BenchPlan:
             raise UserError(f"bench: --exact-samples must be 0 (no check) or >= 100, got {self.exact_samples}")
 
     def configs(self) -> list[Config]:
-        """`ar` first (the baseline is always measured), then the requested speculative configs."""
+        """`ar` first (the baseline is always measured), then the requested speculative configs;
+        with compile modes, that list once per mode."""
         out = [Config("ar")]
         caps = sorted(set(self.topks), key=lambda k: (k is not None, k or 0))
         for m in METHODS:  # registry order
@@ -121,6 +130,8 @@ class BenchPlan:
                 out += [Config(m, b, k) for b in sorted(set(self.budgets)) for k in caps if k is None or k <= b]
             else:
                 out.append(Config(m))
+        if self.compile_modes:
+            out = [replace(c, compiled=mode) for mode in self.compile_modes for c in out]
         return out
 
     def passes(self) -> int:
@@ -162,6 +173,8 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     """Run the prompt set through `llm` with at most `concurrency` sequences per step."""
     eng = llm.engine
     eng.config.max_batch_size = concurrency  # the KV cache was sized for the largest concurrency
+    if cfg.compiled is not None:
+        eng.runner.use_compiled(cfg.compiled)
     eng.timings.clear()
     forwards = eng.stats["forwards"]
     t0 = time.perf_counter()
@@ -316,6 +329,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
     """Measure every (temperature, concurrency, config) cell and the peers; return the report."""
     tick = progress.update if progress is not None else (lambda n=1: None)
     block_size = llm.engine.default_block_size
+    loaded_compiled = llm.engine.runner.compiled  # the mode of configs without one
     context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
     cells, peers, chi_square = [], [], {}
     for temp in plan.temperatures:
@@ -340,7 +354,12 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
             group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens, llm.engine.config.max_ngram)
                            for name, ps in peer_runs.items()]
             peers += group_peers
-            costs = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()}, conc, context)
+            costs = {}  # per compile mode (None: as loaded), timed in that mode
+            for mode in dict.fromkeys(cfg.compiled for cfg in runs):
+                if mode is not None:
+                    llm.engine.runner.use_compiled(mode)
+                costs[mode] = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()
+                                                    if cfg.compiled == mode}, conc, context)
             group = summarize_group(runs, temp, conc, block_size, group_peers, costs)
             if plan.exact_samples:
                 for cell, cfg in zip(group, runs):
@@ -348,8 +367,9 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                         cell["exact"] = greedy_identity(runs, cfg)
                     else:  # one cell per (config, temperature), whatever the concurrency
                         if (cfg, temp) not in chi_square:
-                            chi_square[cfg, temp] = chi_square_cell(cfg, replace(base, temperature=temp),
-                                                                    plan.exact_samples)
+                            chi_square[cfg, temp] = chi_square_cell(
+                                cfg, replace(base, temperature=temp), plan.exact_samples,
+                                compiled=loaded_compiled if cfg.compiled is None else cfg.compiled)
                         cell["exact"] = chi_square[cfg, temp]
             cells += group
     return {"cells": cells, "peers": peers}
@@ -359,14 +379,14 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
 def greedy_identity(runs: dict[Config, list[Pass]], cfg: Config) -> dict:
     """T=0: every prompt's tokens in every timed pass of `cfg` equal plain decoding's (the group's
     first `ar` pass); `ar` itself is the reference (its own passes must agree with it too)."""
-    ref = runs[Config("ar")][0].token_ids
+    ref = runs[cfg.baseline][0].token_ids
     outs = [ids for p in runs[cfg] for ids in p.token_ids]
     same = sum(ids == ref[i % len(ref)] for i, ids in enumerate(outs))
     return {"check": "reference" if cfg.method == "ar" else "greedy identity", "passed": same == len(outs),
             "identical": same, "outputs": len(outs)}
 
 
-def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None) -> dict:
+def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, compiled: bool = False) -> dict:
     """T>0: `exactness.check_cell` for this config at these sampling parameters — the engine's samples
     on the tiny V=8 pair (drafts = the target's own greedy chain, so deep paths are verified) against
     its exactly enumerated distribution; pass = chi-square p > 1e-3, TV within sampling noise, mean
@@ -384,7 +404,8 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None) -> 
         if patch is not None:
             patch(engine)
     drafts = "target" if needs_drafter(cfg.method) else "model"  # ngram: its own drafts from the context
-    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts=drafts), patch=cap)
+    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts=drafts, compile=compiled),
+                      patch=cap)
     return {"check": "chi-square cell", "passed": cell.passed, "p_value": cell.p_value, "tv": cell.tv,
             "tv_limit": cell.tv_limit, "samples": n, "categories": cell.categories,
             "mean_accept_length": cell.notes["mean_accept_length"], "n_tokens": cell.notes["n_tokens"],
@@ -428,12 +449,13 @@ def mean_tau(passes: list[Pass]) -> float:
 
 
 def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
-                    peers: list[dict], costs: ComponentCosts) -> list[dict]:
+                    peers: list[dict], costs_by_mode: dict[bool | None, ComponentCosts]) -> list[dict]:
     """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others. The
     bound comes from the isolated `costs`; the passes' own phase timings are reported beside it."""
-    ar_tok_s = median([p.tok_s for p in runs[Config("ar")]])
     out = []
     for cfg, passes in runs.items():
+        ar_tok_s = median([p.tok_s for p in runs[cfg.baseline]])
+        costs = costs_by_mode[cfg.compiled]
         taus = [t for p in passes for t in p.accept_lengths]
         tau = mean_tau(passes)
         hist = [0] * max(block_size, max(taus, default=1))
@@ -445,7 +467,8 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
         speedup = tok_s / ar_tok_s if ar_tok_s else None
         phases = sorted({k for p in passes for k in p.timings})
         out.append({
-            "method": cfg.method, "budget": cfg.budget, "topk": cfg.topk, "label": cfg.label, "temperature": temp,
+            "method": cfg.method, "budget": cfg.budget, "topk": cfg.topk, "compiled": cfg.compiled,
+            "label": cfg.label, "temperature": temp,
             "concurrency": conc, "tok_s": tok_s, "tok_s_runs": [p.tok_s for p in passes],
             "seconds_runs": [p.seconds for p in passes],
             "completion_tokens": sum(p.tokens for p in passes), "repeats": len(passes),
@@ -509,9 +532,27 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"{_exact_samples(report)} seeded runs on the tiny V=8 pair against its exactly enumerated "
              "distribution of the first tokens (`yes p=…`: chi-square p > 1e-3, TV within sampling noise, drafts "
              "verified). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain).",
-             "", "```", table(report), "```", ""]
+             "", "```", table(report), "```", "",
+             "Where a step's time goes (ms per engine step, median over timed passes; `c(1)`, `draft`, "
+             "`verify`: the isolated model costs of the bound), one row per cell — with `--compile-modes "
+             "eager,compiled` the two modes side by side:", "", "```", phase_table(report), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in pngs]
     return "\n".join(lines) + "\n"
+
+
+PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
+
+
+def phase_table(report: dict) -> str:
+    """Per cell: the engine's phase times per step and the isolated model costs."""
+    head = ["temp", "conc", "config", *PHASES, "c(1)", "draft", "verify"]
+    rows = [[f"{c['temperature']:g}", str(c["concurrency"]), c["label"],
+             *(_fmt(c["phase_ms_per_step"].get(k), ".3f") for k in PHASES),
+             _fmt(c["costs_ms"]["c1"], ".3f"), _fmt(c["costs_ms"]["draft"] or None, ".3f"),
+             _fmt(c["costs_ms"]["verify"], ".3f")] for c in report["cells"]]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:{'<' if i == 2 else '>'}{w}}}" for i, w in enumerate(widths))
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
 
 
 def _exact_samples(report: dict) -> str:

@@ -62,6 +62,9 @@ def add_arguments(p) -> None:
                    help="runs of each T>0 chi-square exactness cell (default 20000; 0 = no exactness column)")
     p.add_argument("--concurrency", type=_list(int), default=[1],
                    help="comma list of sequences decoded together (default 1)")
+    p.add_argument("--compile-modes", type=_list(str), default=None,
+                   help="compare runner modes side by side, interleaved: eager,compiled (loads compiled; "
+                        "default: the one mode --compile/--no-compile selects)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per cell; tok/s is their median")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes per cell first")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
@@ -87,9 +90,21 @@ def plan_from_args(args):
     topks = args.topks or [args.topk]
     if args.exact_samples < 0:
         raise UserError(f"--exact-samples must be >= 0, got {args.exact_samples}")
+    modes = None
+    if args.compile_modes:
+        names = {"eager": False, "compiled": True}
+        bad = [m for m in args.compile_modes if m not in names]
+        if bad:
+            raise UserError(f"--compile-modes takes eager and/or compiled, got {', '.join(bad)}")
+        modes = [names[m] for m in dict.fromkeys(args.compile_modes)]
+        if True in modes:
+            if args.compile is False:
+                raise UserError("--compile-modes with compiled needs the compiled runner: drop --no-compile")
+            args.compile = True  # loaded compiled; eager passes switch the runner's forwards
     return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
                      repeats=args.repeats, warmup=args.warmup, peers=args.peers,
-                     lookup_tokens=args.prompt_lookup_tokens, topks=topks, exact_samples=args.exact_samples)
+                     lookup_tokens=args.prompt_lookup_tokens, topks=topks, exact_samples=args.exact_samples,
+                     compile_modes=modes)
 
 
 def portable_command(argv: list[str]) -> str:
@@ -149,7 +164,8 @@ def run(args) -> int:
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
         "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,
         "top_p": base.top_p, "min_p": base.min_p, "repeats": plan.repeats, "warmup": plan.warmup,
-        "topks": plan.topks, "exact_samples": plan.exact_samples,
+        "topks": plan.topks, "exact_samples": plan.exact_samples, "compile_modes": plan.compile_modes,
+        "compiled": llm.engine.runner.compiled if plan.compile_modes is None else None,
         "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,
         "versions": env.versions(), "platform": env.platform_info(),
         "load": {"before": load_before, "after": bm.machine_load()},

@@ -80,6 +80,7 @@ class ModelRunner:
         self.compiled = resolve_compile(compile, self.device)
         self._target_fn: Callable = self._target_step
         self._draft_fn: Callable = self._draft_step
+        self._fns = {False: (self._target_step, self._draft_step)}
         if self.compiled:
             import torch.fx.experimental._config as fx_config
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
@@ -88,6 +89,14 @@ class ModelRunner:
             opts = {"cpp_wrapper": True} if self.device.type == "cpu" else None
             self._target_fn = torch.compile(self._target_step, dynamic=False, fullgraph=True, options=opts)
             self._draft_fn = torch.compile(self._draft_step, dynamic=False, fullgraph=True, options=opts)
+            self._fns[True] = (self._target_fn, self._draft_fn)
+
+    def use_compiled(self, on: bool) -> None:
+        """Switch a compiled runner between its compiled and eager forwards (bench compares them)."""
+        if on not in self._fns:
+            raise UserError("this model runner was built without compile: load with compile=True")
+        self.compiled = on
+        self._target_fn, self._draft_fn = self._fns[on]
 
     # ------------------------------------------------------------------ the pure forwards
     def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
