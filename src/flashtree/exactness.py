@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .config import DrafterConfig, ModelConfig
-from .engine.engine import Engine, EngineConfig
+from .engine.engine import AUTO_MAX_BUDGET, Engine, EngineConfig
 from .engine.round import DraftOutput
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
@@ -69,7 +69,7 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
     return dist
 
 
-def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | None,
+def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | str | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
                      patch=None, compile: bool = False) -> tuple[Counter, float]:
     """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau."""
@@ -77,7 +77,8 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
     max_tokens = n_tokens + (drafter.config.block_size - 2 if drafter is not None else 0)
     eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
                                                max_model_len=len(prompt) + max_tokens + 1,
-                                               max_budget=max(budget or 1, 1), max_queue=n_samples,
+                                               max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
+                                               max_queue=n_samples,
                                                compile=compile))
     if patch is not None:
         patch(eng)
@@ -181,7 +182,7 @@ def reference_tv(exact: dict, n: int, draws: int = 200, seed: int = 0) -> float:
 @dataclass(slots=True)
 class Cell:
     method: str
-    budget: int | None
+    budget: int | str | None   # an int, "auto" (chosen each round) or None (the method's default)
     params: SamplingParams
     n: int
     drafts: str = "model"  # "model": the pair's drafter; "target": target_drafts (often accepted)

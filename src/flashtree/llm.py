@@ -41,7 +41,7 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 method: str = "ddtree", budget: int | None = None, topk: int | None = None,
+                 method: str = "ddtree", budget: int | str | None = None, topk: int | None = None,
                  block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
                  max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto"):
@@ -84,7 +84,7 @@ class LLM:
 
     # ------------------------------------------------------------------ API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True, *, method: str | None = None, budget: int | None = None,
+                 use_tqdm: bool = True, *, method: str | None = None, budget: int | str | None = None,
                  block_size: int | None = None, topk: int | None = None, **options) -> list[RequestOutput]:
         """Run any number of prompts (str | list[str] | list[list[int]]) to completion, in order.
         `options`: method-specific settings (ngram: max_ngram, min_ngram, draft_len).

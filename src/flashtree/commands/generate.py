@@ -9,12 +9,24 @@ from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
 
 
+def budget_arg(text: str) -> int | str:
+    """--budget: an integer (its range is the engine's check) or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def add_model_arguments(p) -> None:
     """Options shared by every command that loads a model pair."""
     p.add_argument("--model", default=None, help="target HF directory (default: the bundled target)")
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the bundled drafter)")
     p.add_argument("--method", default="ddtree", choices=METHODS, help="decoding method (default: ddtree)")
-    p.add_argument("--budget", type=int, default=None, help="DDTree draft nodes per round")
+    p.add_argument("--budget", type=budget_arg, default=None,
+                   help="DDTree draft nodes per round, or 'auto': the size that maximises tokens/s, chosen "
+                        "each round from calibrated acceptance and measured costs")
     p.add_argument("--topk", type=int, default=None,
                    help="DDTree branching cap: at most K children per node, 1 = a chain (default: no cap)")
     p.add_argument("--block-size", type=int, default=None, help="drafter block size (<= the drafter's)")
@@ -64,13 +76,14 @@ def load_llm(args, **kw):
 
 def check_topk(args) -> None:
     """--topk: 1 <= K <= the budget, and only with a method that builds a tree (checked before any weights load)."""
-    from ..engine.engine import DEFAULT_BUDGET
+    from ..engine.engine import AUTO, AUTO_MAX_BUDGET, DEFAULT_BUDGET
     if args.topk is None:
         return
     if "topk" not in proposer_class(args.method).options:
         raise UserError(f"--topk caps the branching of a DDTree; --method {args.method} has no tree: "
                         f"drop --topk or use --method {' or '.join(takers('topk'))}")
     budget = args.budget if args.budget is not None else DEFAULT_BUDGET
+    budget = AUTO_MAX_BUDGET if budget == AUTO else budget  # auto trees hold up to AUTO_MAX_BUDGET nodes
     if not 1 <= args.topk <= budget:
         raise UserError(f"--topk must be in [1, {budget}] (1 = a chain; at most the budget"
                         f"{'' if args.budget is not None else ', default ' + str(DEFAULT_BUDGET)}), got {args.topk}")

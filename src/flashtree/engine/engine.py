@@ -22,6 +22,7 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import FilterPlan, logits_to_probs, sample
 from ..sampling_params import SamplingParams
+from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
@@ -33,18 +34,21 @@ log = logging.getLogger("flashtree.engine")
 
 MAX_BUDGET = 512
 DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between runs; 16 has the higher tau (benchmarks/cpu)
+AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
+AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 
 
 @dataclass(slots=True)
 class EngineConfig:
     method: str = "ddtree"
-    budget: int | None = None        # ddtree nodes per round; None = DEFAULT_BUDGET
+    budget: int | str | None = None  # ddtree nodes per round, or "auto" (chosen each round); None = DEFAULT_BUDGET
     topk: int | None = None          # most children per ddtree node (1 = a chain); None = no cap
     block_size: int | None = None    # None = the drafter's block size
     max_batch_size: int = 8
     max_model_len: int | None = None  # None = the target's max_position_embeddings
     max_queue: int = 1024
     max_budget: int = 256            # the largest per-request ddtree budget (sizes the cache slack)
+    auto_max_budget: int = AUTO_MAX_BUDGET  # budget="auto": the most nodes a round may verify (<= max_budget)
     max_ngram: int = 3               # ngram: the longest suffix n-gram looked up
     min_ngram: int = 1               # ngram: the shortest
     draft_len: int = 10              # ngram: the longest chain copied (transformers' prompt_lookup_num_tokens)
@@ -58,6 +62,20 @@ class EngineConfig:
             raise UserError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not 1 <= self.max_budget <= MAX_BUDGET:
             raise UserError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
+        if isinstance(self.auto_max_budget, bool) or not isinstance(self.auto_max_budget, int) \
+                or self.auto_max_budget < 1:
+            raise UserError(f"auto_max_budget must be an integer >= 1, got {self.auto_max_budget!r}")
+
+
+@dataclass(slots=True)
+class RoundOutput:
+    """Everything of a round before its commit (`Engine._round`)."""
+    trees: list[DraftTree]          # as verified (auto sequences: cut to the round's chosen size)
+    vin: VerifyInput
+    vout: VerifyOutput
+    feats: torch.Tensor | None      # drafter features of every node [B, T, F]
+    choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
+    drafted: int                    # sequences the drafter pass ran for
 
 
 @dataclass(slots=True)
@@ -116,11 +134,13 @@ class Engine:
             self.feature_layers, self.drafter_block_size = None, 0
         self.default_block_size = self._check_block_size(config.block_size) if drafter else 1
         self.default_budget = config.budget if config.budget is not None else DEFAULT_BUDGET
+        self.auto_budget = min(config.auto_max_budget, config.max_budget)  # an auto tree's most nodes
         method = self._check_method(config.method)
         _refuse_options(config.method, budget=config.budget, topk=config.topk)
         if "budget" in method.options or config.budget is not None:
             self.check_budget(self.default_budget)
-        self.default_topk = self.check_topk(config.topk, self.default_budget) if config.topk is not None else None
+        self.default_topk = self.check_topk(config.topk, self.nodes_of(self.default_budget)) \
+            if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
         self.capacity = self.max_model_len + slack  # cache rows per slot
         self.runner = ModelRunner(target, drafter, config.max_batch_size, self.capacity, self.feature_layers,
@@ -139,12 +159,13 @@ class Engine:
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
         self.consecutive_failures = 0  # sequences failed since the last commit
+        self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
 
     def warmup(self, progress: bool = False) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes."""
         if not self.runner.compiled:
             return
-        tokens = max([self.default_block_size, self.default_budget + 1, self.config.draft_len + 1])
+        tokens = max([self.default_block_size, self.nodes_of(self.default_budget) + 1, self.config.draft_len + 1])
         buckets = self.runner.buckets(self.config.max_batch_size, tokens, self.default_block_size)
         secs = self.runner.warmup(buckets, progress)
         log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
@@ -175,11 +196,19 @@ class Engine:
                                f"was trained with block_size {self.drafter_block_size}), got {block_size}", "speculative")
         return block_size
 
-    def check_budget(self, budget: int) -> int:
+    def check_budget(self, budget: int | str) -> int | str:
+        """A tree budget: an integer in [1, max_budget], or "auto"."""
         hi = self.config.max_budget
+        if isinstance(budget, str) and budget == AUTO:
+            return budget
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= hi:
-            raise RequestError(f"budget must be an integer in [1, {hi}], got {budget}", "speculative")
+            raise RequestError(f"budget must be an integer in [1, {hi}] or \"auto\" (the tree size chosen each "
+                               f"round), got {budget!r}", "speculative")
         return budget
+
+    def nodes_of(self, budget: int | str) -> int:
+        """The most nodes a tree of this (checked) budget holds: "auto" drafts up to auto_budget."""
+        return self.auto_budget if budget == AUTO else budget
 
     def check_topk(self, topk: int, budget: int) -> int:
         if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= budget:
@@ -188,7 +217,7 @@ class Engine:
         return topk
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-                    budget: int | None = None, block_size: int | None = None,
+                    budget: int | str | None = None, block_size: int | None = None,
                     topk: int | None = None, **options) -> Sequence:
         """options: method-specific settings (e.g. ngram's max_ngram, min_ngram, draft_len)."""
         method = method or self.config.method
@@ -247,26 +276,49 @@ class Engine:
         A failure while preparing, prefilling or sampling fails only the sequences it belongs to
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         self.round_times = {}
+        self._seed_costs()
         self._admit()
         batch = [s for s in self.running if not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
-            for part, (trees, vin, vout, feats) in self._isolated(self._round, batch):
-                self._timed("commit", self._commit, part, trees, vin, vout, feats)
+            parts = self._isolated(self._round, batch)
+            for part, out in parts:
+                self._timed("commit", self._commit, part, out)
+            if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
+                out = parts[0][1]
+                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
                     entry["times"] = dict(self.round_times)
         return self._collect()
 
-    def _round(self, batch: list[Sequence]):
+    def _round(self, batch: list[Sequence]) -> RoundOutput:
         """Everything of a round before the commit; touches no sequence state, so it can be rerun."""
-        depths = [self._depth_limit(s) for s in batch]
+        depths = self._auto_depths(batch, [self._depth_limit(s) for s in batch])
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
+        drafted = sum(d is not None for d in drafts)
+        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted)  # auto: cut to size
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits, feats = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-        return trees, vin, vout, feats
+        return RoundOutput(trees, vin, vout, feats, choices, drafted)
+
+    def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
+        """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
+        auto and their curves predict plain decoding is faster, drafter cost included."""
+        auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
+        if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
+                or self.adaptive.wants_draft(auto, len(batch)):
+            return depths
+        return [0 if s.auto else d for s, d in zip(batch, depths)]
+
+    def _seed_costs(self) -> None:
+        """Before the first auto sequence is admitted: time real forwards on free slots."""
+        a = self.adaptive
+        if a.costs.learn and not a.costs.measured and self.cache.free_slots \
+                and any(s.auto for s in self.waiting):
+            self._timed("seed_costs", seed_costs, self, a.costs)
 
     def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
         """fn(seqs), or, if that raises, fn([s]) for each s alone: a sequence that fails alone is
@@ -397,7 +449,8 @@ class Engine:
         draws = vin.scatter(self._sample(batch, logits, vin.spans))           # [B, T]
         return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.vis)
 
-    def _commit(self, batch, trees, vin: VerifyInput, vout: VerifyOutput, feats) -> None:
+    def _commit(self, batch, out: RoundOutput) -> None:
+        trees, vout, feats = out.trees, out.vout, out.feats
         accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
         bonus = vout.bonus.cpu().tolist()
         slots, src, dst = [], [], []
@@ -413,6 +466,10 @@ class Engine:
             s.length += tau
             s.metrics.rounds += 1
             s.metrics.accept_lengths.append(tau)
+            if out.choices[b] is not None:  # auto: what it chose and expected, for calibration checks
+                self.adaptive.learn(s, trees[b], path, out.choices[b])
+                s.metrics.budgets.append(out.choices[b].nodes)
+                s.metrics.predicted_taus.append(out.choices[b].predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
             if self.round_log is not None:
                 self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path,
@@ -445,6 +502,7 @@ class Engine:
         self.running.remove(s)
         self.cache.free(s.slot)
         self.proposers[s.method].release(s)
+        self.adaptive.release(s)
         s.metrics.elapsed_s = time.perf_counter() - s.t_start
 
     def _collect(self) -> list[StepEvent]:

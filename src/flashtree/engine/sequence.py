@@ -13,6 +13,8 @@ from ..sampling_params import SamplingParams
 class RequestMetrics:
     rounds: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # tau per round, bonus included
+    budgets: list[int] = field(default_factory=list)         # budget="auto": nodes verified per round
+    predicted_taus: list[float] = field(default_factory=list)  # budget="auto": E[tau] of those nodes
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0
@@ -33,7 +35,7 @@ class RequestMetrics:
         return {"rounds": self.rounds, "accept_lengths": list(self.accept_lengths),
                 "mean_accept_length": self.mean_accept_length, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "elapsed_s": self.elapsed_s,
-                "ttft_s": self.ttft_s}
+                "ttft_s": self.ttft_s, "budgets": list(self.budgets), "predicted_taus": list(self.predicted_taus)}
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +49,7 @@ class Sequence:
     generator: torch.Generator | None  # None for greedy
     stop_ids: frozenset[int]
     topk: int | None = None           # most children per ddtree node (None = no cap)
+    auto: bool = False                # budget="auto": each round verifies a chosen prefix of its tree
     options: dict = field(default_factory=dict)  # method-specific settings (e.g. ngram's n-gram sizes)
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1

@@ -372,8 +372,12 @@ def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
             hist += [0] * (len(h) - len(hist))
             for i, c in enumerate(h):
                 hist[i] += c
+    budgets = [n for u in finals if u.metrics for n in u.metrics.budgets]
+    predicted = [p for u in finals if u.metrics for p in u.metrics.predicted_taus]
     spec = SpecUsage(rounds=len(taus), mean_accept_length=sum(taus) / len(taus) if taus else 0.0,
-                     accept_length_histogram=hist, topk=finals[0].topk if finals else None)
+                     accept_length_histogram=hist, topk=finals[0].topk if finals else None,
+                     budget_histogram={str(n): budgets.count(n) for n in sorted(set(budgets))} if budgets else None,
+                     mean_predicted_accept_length=sum(predicted) / len(predicted) if predicted else None)
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
                  total_tokens=prompt_tokens + completion, spec=spec)
 

@@ -108,7 +108,7 @@ class Submission:
     prompts: list[list[int]]            # one per choice
     params: list[SamplingParams]        # one per choice
     method: str | None = None
-    budget: int | None = None
+    budget: int | str | None = None   # an int or "auto"
     block_size: int | None = None
     topk: int | None = None
     options: dict = field(default_factory=dict)  # method-specific (ngram: max_ngram, min_ngram, draft_len)
@@ -313,6 +313,8 @@ class AsyncEngine:
             self.metrics.batch_size.observe(seqs / forwards)
         for seq, live in self._live.items():
             taus = seq.metrics.accept_lengths[live.rounds_seen:]
+            if seq.auto:  # one chosen budget per committed round, like taus
+                self.metrics.record_budgets(seq.method, seq.metrics.budgets[live.rounds_seen:])
             live.rounds_seen += len(taus)
             self.metrics.record_request_rounds(seq.method, taus)
             self.decode_log.record(seq.method, taus)

@@ -36,6 +36,9 @@ class ServerMetrics:
         self.accept_length = Histogram("flashtree_spec_accept_length", "Tokens committed per request-round "
                                        "(tau, bonus included)", ["method"],
                                        buckets=tuple(range(1, max_block_size + 1)), registry=r)
+        self.budget = Histogram("flashtree_spec_budget", "Draft nodes verified per request-round of a "
+                                "budget=\"auto\" request (0 = a plain step)", ["method"],
+                                buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.batch_size = Histogram("flashtree_batch_size", "Requests carried by one verify forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.queue_depth = Gauge("flashtree_queue_depth", "Requests waiting for a batch slot", registry=r)
@@ -57,6 +60,10 @@ class ServerMetrics:
             self.accept_length.labels(method).observe(t)
             for pos in range(1, t):
                 self.accepted_by_position.labels(method, str(pos)).inc()
+
+    def record_budgets(self, method: str, budgets: list[int]) -> None:
+        for n in budgets:
+            self.budget.labels(method).observe(n)
 
     def record_tokens(self, first: bool, n: int, since_last_s: float) -> None:
         """n tokens arrived since_last_s after the previous delivery (or after arrival, if first).

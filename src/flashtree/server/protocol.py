@@ -42,7 +42,7 @@ class _Strict(BaseModel):
 
 class Speculative(_Strict):
     method: Literal[METHODS] | None = None  # the registry's names (speculative/proposer.py)
-    budget: int | None = None
+    budget: int | str | None = None  # an int or "auto"; the engine checks it (its message names both)
     topk: int | None = None       # most children per ddtree node (1 = a chain)
     block_size: int | None = None
     max_ngram: int | None = None  # ngram: longest suffix n-gram looked up
@@ -222,6 +222,10 @@ class SpecUsage(BaseModel):
     mean_accept_length: float
     accept_length_histogram: list[int]   # [t-1] = rounds that committed t tokens
     topk: int | None = None              # the ddtree branching cap applied (None: no cap, or no tree)
+    # budget="auto" rounds: nodes verified -> rounds (keys are counts as strings), and the mean tau
+    # the calibration predicted for them (compare with mean_accept_length); None without auto rounds
+    budget_histogram: dict[str, int] | None = None
+    mean_predicted_accept_length: float | None = None
 
 
 class Usage(BaseModel):

@@ -1,5 +1,7 @@
 """`ddtree`: the best-first tree of the drafter's per-depth marginals (`tree.build_ddtree`),
-`budget` nodes, at most `topk` children per node. Shares DFlash's drafter pass."""
+`budget` nodes (budget="auto": up to the engine's auto budget, of which each round verifies the
+prefix `speculative/adaptive.py` chooses), at most `topk` children per node. Shares DFlash's
+drafter pass."""
 from __future__ import annotations
 
 from ..engine.round import DraftOutput
@@ -15,10 +17,11 @@ class DDTree(DFlash):
         eng = self.engine
         bs = eng.block_size_of(block_size)
         bud = eng.check_budget(budget) if budget is not None else eng.default_budget
+        nodes = eng.nodes_of(bud)
         # the engine's default cap never exceeds this request's budget; a request's own is checked
-        cap = eng.check_topk(topk, bud) if topk is not None else \
-            (min(eng.default_topk, bud) if eng.default_topk is not None else None)
-        return {"block_size": bs, "budget": bud, "topk": cap, "options": {}}
+        cap = eng.check_topk(topk, nodes) if topk is not None else \
+            (min(eng.default_topk, nodes) if eng.default_topk is not None else None)
+        return {"block_size": bs, "budget": nodes, "topk": cap, "options": {}, "auto": bud == "auto"}
 
     def ranks(self, seq) -> int:
         return seq.budget

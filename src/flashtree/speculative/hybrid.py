@@ -89,7 +89,8 @@ class Hybrid(DDTree):
         bud = eng.check_budget(budget) if budget is not None else eng.default_budget
         mx, mn = options.get("max_ngram", c.max_ngram), options.get("min_ngram", c.min_ngram)
         check_ngram(mx, mn, 1, 1, error=lambda m: RequestError(m, "speculative"))
-        return {"block_size": bs, "budget": bud, "topk": None, "options": {"max_ngram": mx, "min_ngram": mn}}
+        return {"block_size": bs, "budget": eng.nodes_of(bud), "topk": None, "auto": bud == "auto",
+                "options": {"max_ngram": mx, "min_ngram": mn}}
 
     def _copy(self, seq, depth: int) -> list[int]:
         o = seq.options
