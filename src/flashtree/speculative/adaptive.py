@@ -1,0 +1,363 @@
+"""`budget="auto"`: the tree size each round that maximises expected committed tokens per second.
+
+Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that uses them:
+
+- `Calibration` (one per auto sequence): the acceptance probability of a tree node as a function
+  of its draft *path* log-prob, in fixed bins, each a Beta posterior whose prior is centred on the
+  bin's draft probability — so before any evidence it trusts the drafter — learned from the
+  sequence's own committed rounds (every verified node is one trial; a success is a node on the
+  accepted path). Per sequence is per temperature setting: a request's sampling never changes.
+- `expected_tau`: E[tau | N] = 1 + the calibrated probabilities of the first N nodes summed. Trees
+  are in best-first pop order, so the first N nodes of a budget-M tree are the budget-N tree.
+- `CostTable` (one per engine): measured seconds of the drafter pass by batch size, of the verify
+  forward by (batch size, tokens per sequence) and of the rest of a round by batch size; seeded
+  by timing real forwards on free cache slots (`seed_costs`) and refreshed online from the
+  engine's per-round phase times (an EMA). No hand-written constants.
+- `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding) maximising the batch's
+  expected committed tokens / (drafter cost + round cost at T).
+
+`AdaptiveBudget` ties them to the engine: before drafting it says whether the drafter should run
+(the last round's curves re-rated with the current calibration, every `probe_every`-th round
+drafted anyway to keep them fresh); after the trees are built it picks T and cuts each auto
+sequence's tree to its first T-1 nodes; after the commit it learns. Every input is committed
+history, draft probabilities or measured time — never the current round's verify draws — so the
+choice keeps decoding lossless. This module does not build trees, verify or sample.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+    from ..engine.sequence import Sequence
+
+# path log-prob bin edges (ascending); 10 bins: (-inf, -6], (-6, -4], ..., (-0.15, 0]
+BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
+# each bin's centre: the midpoint of its edges (the open lowest bin: 2 below its upper edge)
+BIN_CENTRES = np.concatenate([[BIN_EDGES[0] - 2.0], (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2, [BIN_EDGES[-1] / 2]])
+PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
+COST_EMA = 0.2          # weight of a new measurement in the cost table
+PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round
+SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
+
+
+# ------------------------------------------------------------------------------- calibration
+def path_logprobs(tree: DraftTree) -> np.ndarray:
+    """[N+1] each node's draft path log-prob: its own log-prob plus its parent's (root 0).
+    Parents precede children in a tree, so one pass suffices."""
+    out = [0.0] * tree.size
+    for i in range(1, tree.size):
+        out[i] = out[tree.parents[i]] + tree.logprobs[i]
+    return np.asarray(out)
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Acceptance rate by draft path log-prob bin: Beta(PRIOR_COUNT * p, PRIOR_COUNT * (1 - p))
+    priors, p = exp(bin centre), updated with the sequence's verified nodes."""
+    hits: np.ndarray = field(default_factory=lambda: np.zeros(len(BIN_CENTRES)))
+    trials: np.ndarray = field(default_factory=lambda: np.zeros(len(BIN_CENTRES)))
+
+    @staticmethod
+    def bins(path_lp: np.ndarray) -> np.ndarray:
+        # bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i]
+        return np.digitize(np.asarray(path_lp, dtype=float), BIN_EDGES, right=True)
+
+    def rate(self, path_lp: np.ndarray) -> np.ndarray:
+        """Calibrated acceptance probability of nodes with these path log-probs (posterior means)."""
+        prior = np.exp(BIN_CENTRES)
+        table = (PRIOR_COUNT * prior + self.hits) / (PRIOR_COUNT + self.trials)
+        return table[self.bins(path_lp)]
+
+    def update(self, path_lp: np.ndarray, accepted: np.ndarray) -> None:
+        """One trial per node; a success when the node is on the accepted path."""
+        idx = self.bins(path_lp)
+        np.add.at(self.trials, idx, 1.0)
+        np.add.at(self.hits, idx, np.asarray(accepted, dtype=float))
+
+
+def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
+    """[tree.size] E[tau | N] for N = 0..tree.size-1: 1 (the bonus) + the calibrated acceptance
+    probabilities of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes)."""
+    probs = calibration.rate(path_logprobs(tree)[1:])
+    return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
+
+
+# ------------------------------------------------------------------------------------- costs
+def interpolate(points: dict[float, float], x: float) -> float:
+    """Piecewise-linear y(x) through measured points; beyond them the nearest segment's slope;
+    from a single point, proportional (y = y0 * x / x0). Never below a microsecond."""
+    xs = sorted(points)
+    if x in points:
+        return points[x]
+    if len(xs) == 1:
+        y = points[xs[0]] * x / xs[0]
+    else:
+        i = min(max(int(np.searchsorted(xs, x)), 1), len(xs) - 1)  # segment [xs[i-1], xs[i]]
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = points[x0], points[x1]
+        y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return max(y, 1e-6)
+
+
+@dataclass(slots=True)
+class CostTable:
+    """Measured seconds per round component. `learn=False` pins the table (no online refresh, no
+    seeding): a seam for reproducible runs and tests."""
+    verify_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, tokens/seq) -> target forward
+    draft_s: dict[int, float] = field(default_factory=dict)               # batch -> drafter pass + tree build
+    overhead_s: dict[int, float] = field(default_factory=dict)            # batch -> pack, walk, commit
+    learn: bool = True
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.verify_s)
+
+    @staticmethod
+    def _ema(table: dict, key, secs: float) -> None:
+        old = table.get(key)
+        table[key] = secs if old is None else (1 - COST_EMA) * old + COST_EMA * secs
+
+    def record_verify(self, batch: int, tokens: int, secs: float) -> None:
+        self._ema(self.verify_s, (batch, tokens), secs)
+
+    def record_draft(self, batch: int, secs: float) -> None:
+        self._ema(self.draft_s, batch, secs)
+
+    def record_overhead(self, batch: int, secs: float) -> None:
+        self._ema(self.overhead_s, batch, secs)
+
+    def verify(self, batch: int, tokens: int) -> float | None:
+        """The target forward of `batch` sequences x `tokens`: interpolated over the tokens measured
+        at this batch size; else from the nearest measured batch size at the same total tokens
+        (batch x tokens), rescaled to this batch's one measured point if it has one."""
+        if not self.verify_s:
+            return None
+        by_batch: dict[int, dict[float, float]] = {}
+        for (b, t), s in self.verify_s.items():
+            by_batch.setdefault(b, {})[t] = s
+        own = by_batch.get(batch, {})
+        if tokens in own or len(own) >= 2:
+            return interpolate(own, tokens)
+        ref = min(by_batch, key=lambda b: (len(by_batch[b]) < 2, abs(math.log(b / batch))))
+        est = interpolate(by_batch[ref], tokens * batch / ref)
+        if own:  # one point here: the reference curve's shape, this batch's level
+            (t0, s0), = own.items()
+            est *= s0 / interpolate(by_batch[ref], t0 * batch / ref)
+        return est
+
+    def draft(self, batch: int) -> float | None:
+        return interpolate(self.draft_s, batch) if self.draft_s else None
+
+    def overhead(self, batch: int) -> float:
+        return interpolate(self.overhead_s, batch) if self.overhead_s else 0.0
+
+    def round_cost(self, batch: int, tokens: int) -> float | None:
+        """A round without its draft: the verify forward plus the round's other work."""
+        v = self.verify(batch, tokens)
+        return None if v is None else v + self.overhead(batch)
+
+    def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float]) -> None:
+        """Learn from one round's phase times (`Engine.round_times`): the verify forward at its
+        shape, the drafter pass and tree build at the number of sequences it drafted (if any),
+        and the rest of the round."""
+        if not self.learn or "verify_forward" not in times:
+            return
+        self.record_verify(batch, tokens, times["verify_forward"])
+        if drafted:
+            self.record_draft(drafted, times.get("draft", 0.0) + times.get("tree", 0.0))
+        self.record_overhead(batch, sum(times.get(k, 0.0) for k in ("budget", "pack", "verify_walk", "commit")))
+
+
+# -------------------------------------------------------------------------------- the choice
+def token_rates(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
+                floor: int = 1, fixed: float = 0.0) -> dict[int, float]:
+    """Expected committed tokens per second of the round for each forward width T >= floor (the
+    widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
+    node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences."""
+    top = max([floor] + [len(c) for c in curves])
+    out = {}
+    for T in range(floor, top + 1):
+        cost = costs.round_cost(batch, T)
+        if cost is None:
+            return {}
+        gain = fixed + sum(float(c[min(T - 1, len(c) - 1)]) for c in curves)
+        out[T] = gain / (draft_cost + cost)
+    return out
+
+
+def choose_tokens(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
+                  floor: int = 1, fixed: float = 0.0) -> int:
+    """The forward's tokens per sequence T (1 = plain) with the best expected token rate; ties go
+    to the smaller T. Unmeasured costs: the widest tree (trust the drafter until timed)."""
+    rates = token_rates(curves, costs, batch, draft_cost, floor, fixed)
+    if not rates:
+        return max([floor] + [len(c) for c in curves])
+    return max(rates, key=lambda T: (rates[T], -T))
+
+
+def prefix(tree: DraftTree, nodes: int) -> DraftTree:
+    """The tree's root and its first `nodes` nodes: in best-first pop order that is the tree a
+    budget of `nodes` would have built (parents precede children, so it is a tree)."""
+    if nodes + 1 >= tree.size:
+        return tree
+    n = nodes + 1
+    return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.logprobs[:n])
+
+
+# ---------------------------------------------------------------------------- the controller
+@dataclass(slots=True)
+class Choice:
+    """One auto sequence's round: the nodes it verifies and the tau they are expected to give."""
+    nodes: int
+    predicted_tau: float
+    paths: np.ndarray | None   # path log-probs of its whole drafted tree (root excluded); None: no draft
+
+
+@dataclass(slots=True)
+class AutoState:
+    calibration: Calibration = field(default_factory=Calibration)
+    last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
+    undrafted: int = 0                    # rounds since it last drafted
+
+
+class AdaptiveBudget:
+    """The engine's `budget="auto"` controller: per-sequence calibration, one cost table."""
+
+    def __init__(self, probe_every: int = PROBE_EVERY):
+        self.costs = CostTable()
+        self.probe_every = probe_every
+        self.states: dict[Sequence, AutoState] = {}
+
+    def state(self, seq: Sequence) -> AutoState:
+        if seq not in self.states:
+            self.states[seq] = AutoState()
+        return self.states[seq]
+
+    def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
+        """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
+        unless every one has a curve, none is due for a re-probe, and plain decoding's predicted
+        rate beats the best rate with the drafter's cost included."""
+        states = [self.state(s) for s in seqs]
+        c = self.costs
+        if (not c.measured or c.draft(batch) is None
+                or any(st.last_paths is None or st.undrafted + 1 >= self.probe_every for st in states)):
+            return True
+        curves = [np.concatenate([[1.0], 1.0 + np.cumsum(st.calibration.rate(st.last_paths))]) for st in states]
+        fixed = batch - len(seqs)
+        spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
+        plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
+        return bool(spec) and max(spec.values()) > plain
+
+    def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
+            ) -> tuple[list[DraftTree], list[Choice | None]]:
+        """Pick the round's forward width and cut each auto sequence's tree to it. `drafted`: the
+        sequences the drafter pass ran for (its cost counts). Returns the trees and, per
+        sequence, its `Choice` (None for a sequence with a fixed budget)."""
+        auto = [b for b, s in enumerate(batch) if s.auto]
+        if not auto:
+            return trees, [None] * len(batch)
+        curves = {b: expected_tau(trees[b], self.state(batch[b]).calibration) for b in auto}
+        floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
+        draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
+        T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
+                          fixed=len(batch) - len(auto))
+        trees, choices = list(trees), [None] * len(batch)
+        for b, curve in curves.items():
+            n = min(T - 1, trees[b].size - 1)
+            paths = path_logprobs(trees[b])[1:] if trees[b].size > 1 else None
+            choices[b] = Choice(n, float(curve[n]), paths)
+            trees[b] = prefix(trees[b], n)
+        return trees, choices
+
+    def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
+        """After the commit: the verified nodes train the calibration; the drafted tree is the
+        next round's curve."""
+        st = self.state(seq)
+        if tree.size > 1:
+            accepted = np.zeros(tree.size, dtype=bool)
+            accepted[path] = True
+            st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
+        if choice.paths is not None:
+            st.last_paths, st.undrafted = choice.paths, 0
+        else:
+            st.undrafted += 1
+
+    def release(self, seq: Sequence) -> None:
+        self.states.pop(seq, None)
+
+
+# ----------------------------------------------------------------------------- seeding costs
+def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: int = 2) -> None:
+    """Time real target forwards (batch 1 and, if slots allow, the engine's batch size) at the
+    widths `tokens`, and the drafter pass at those batch sizes, on free cache slots with a short
+    dummy context; record them in `costs`. The engine's sequences, counters and slot order are
+    left as they were. Needs at least one free slot."""
+    import torch
+
+    from ..engine.round import pack_trees
+    from ..engine.sequence import Sequence
+    from ..sampling_params import SamplingParams
+    from .tree import chain_tree
+
+    free = engine.cache.free_slots
+    if not free:
+        return
+    batches = sorted({1, min(free, engine.config.max_batch_size)})
+    widest = min(max(tokens), engine.auto_budget + 1, engine.max_model_len - 1)
+    ctx = max(1, min(16, engine.max_model_len - widest))
+    widths = sorted({t for t in tokens if t <= widest} | {widest})
+    slots = [engine.cache.allocate() for _ in range(batches[-1])]
+    sync = (lambda: torch.cuda.synchronize(engine.device)) if engine.device.type == "cuda" else (lambda: None)
+    temp: list[Sequence] = []
+
+    def timed(call) -> float:
+        call()  # warm (and compile, where compiled)
+        times = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            call()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    try:
+        with torch.inference_mode():
+            feats = None
+            for B in batches:
+                for T in widths:
+                    vin = pack_trees([chain_tree(0, [0] * (T - 1)) for _ in range(B)], [ctx] * B, engine.device)
+                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731
+                        vin.tokens, vin.positions, slots[:B], vin.lengths, vin.vis, vin.nodes)
+                    costs.record_verify(B, T, timed(run))
+                    if T == widths[-1] and B == batches[-1]:
+                        feats = run()[1]
+            builder = engine.proposers.get("ddtree")
+            if feats is not None and engine.drafts is not None and builder is not None:
+                for B in batches:
+                    seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
+                                     method="ddtree", block_size=engine.default_block_size,
+                                     budget=engine.auto_budget, generator=None, stop_ids=frozenset(),
+                                     output_ids=[0], slot=slot, length=ctx) for slot in slots[:B]]
+                    temp += seqs
+
+                    def draft(seqs=seqs):  # the drafter pass and the trees built from it, as a round does
+                        for b, s in enumerate(seqs):
+                            engine.drafts.on_prefill(s, feats[b, :min(3, feats.shape[1])])
+                        out = engine.drafts.run(seqs)
+                        for s in seqs:
+                            builder.tree(s, out[s], s.block_size - 1)
+                    costs.record_draft(B, timed(draft))
+    finally:
+        for s in temp:
+            engine.drafts.release(s)
+        for slot in reversed(slots):  # the free list ends up in its original order
+            engine.cache.free(slot)

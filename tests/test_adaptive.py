@@ -1,0 +1,248 @@
+"""budget="auto": calibrated acceptance, measured costs, the per-round choice, and that decoding
+with it stays exact (greedy == plain; sampled output matches the target's distribution, and a
+wrong verifier is still caught) — plus its surface: bad values, metrics, the server and the CLI."""
+import argparse
+import json
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from flashtree import LLM, SamplingParams
+from flashtree.cli import main
+from flashtree.commands.generate import budget_arg
+from flashtree.engine.engine import Engine, EngineConfig, RequestError
+from flashtree.errors import UserError
+from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
+from flashtree.server.app import create_app
+from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable, choose_tokens, expected_tau,
+                                            path_logprobs, prefix)
+from flashtree.speculative.hybrid import build_hybrid
+from flashtree.speculative.tree import build_ddtree
+from serving import Running, metric
+from test_spec_greedy import prompts  # the same random prompts as the fixed-budget greedy checks
+
+
+def drafts(L=4, K=6, seed=0, V=50):
+    rng = np.random.default_rng(seed)
+    lp = np.sort(np.log(rng.dirichlet(np.ones(V) * 0.3, size=L)), axis=1)[:, ::-1][:, :K].copy()
+    ids = np.stack([rng.permutation(V)[:K] for _ in range(L)])
+    return lp, ids
+
+
+# ------------------------------------------------------------------------------- calibration
+def test_calibration_prior_is_the_draft_probability():
+    cal = Calibration()
+    assert np.allclose(cal.rate(BIN_CENTRES), np.exp(BIN_CENTRES))  # no evidence: trust the drafter
+    lps = np.linspace(-9, 0, 40)
+    assert np.all(np.diff(cal.rate(lps)) >= 0)  # likelier paths are accepted more often
+
+
+def test_calibration_learns_the_observed_frequency():
+    cal, rng = Calibration(), np.random.default_rng(0)
+    lp = np.full(400, -0.3)           # a bin whose draft probability is ~0.76
+    seen = rng.random(400) < 0.2      # ... but only 20 % of its nodes are accepted
+    before = float(cal.rate([-0.3])[0])
+    for i in range(0, 400, 40):       # rounds of 40 nodes
+        cal.update(lp[i:i + 40], seen[i:i + 40])
+    after = float(cal.rate([-0.3])[0])
+    assert before > 0.7 and abs(after - seen.mean()) < 0.02
+    assert float(cal.rate([-5.0])[0]) == pytest.approx(math.exp(BIN_CENTRES[1]))  # other bins untouched
+
+
+def test_expected_tau_starts_at_one_and_grows():
+    lp, ids = drafts()
+    tree = build_ddtree(7, lp, ids, 20)
+    cal = Calibration()
+    curve = expected_tau(tree, cal)
+    assert len(curve) == tree.size and curve[0] == 1.0 and np.all(np.diff(curve) >= 0)
+    assert curve[-1] < 1 + (tree.size - 1)
+    cal.update(path_logprobs(tree)[1:], np.zeros(tree.size - 1, dtype=bool))  # nothing accepted
+    assert np.all(expected_tau(tree, cal)[1:] < curve[1:])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_prefix_of_a_best_first_tree_is_the_smaller_budget_tree(seed):
+    """Cutting an auto round's tree to N nodes verifies exactly what budget N would have built."""
+    lp, ids = drafts(seed=seed)
+    big = build_ddtree(7, lp, ids, 30)
+    for n in (0, 1, 5, 17, 30):
+        assert prefix(big, n) == build_ddtree(7, lp, ids, n)
+    copy = [int(ids[0, 2]), int(ids[1, 0]), 3, 4]
+    big = build_hybrid(7, lp, ids, copy, 30, math.log(0.4))
+    for n in (1, 3, 9, 30):
+        assert prefix(big, n) == build_hybrid(7, lp, ids, copy, n, math.log(0.4))
+
+
+# ------------------------------------------------------------------------------------- costs
+def test_cost_table_interpolates_and_extrapolates():
+    c = CostTable()
+    assert c.verify(1, 4) is None and c.draft(1) is None
+    for t, s in ((1, 1.0), (4, 2.0), (8, 4.0)):
+        c.record_verify(1, t, s)
+    assert c.verify(1, 4) == 2.0
+    assert c.verify(1, 2) == pytest.approx(1 + 1 / 3)       # between measured widths
+    assert c.verify(1, 16) == pytest.approx(8.0)             # beyond: the last segment's slope
+    assert c.verify(2, 4) == pytest.approx(4.0)              # unseen batch: batch 1 at the same total tokens
+    c.record_verify(2, 1, 1.5)                               # one point at batch 2 sets its level
+    assert c.verify(2, 4) == pytest.approx(4.0 * 1.5 / c.verify(1, 2))
+    c.record_verify(1, 1, 2.0)
+    assert c.verify(1, 1) == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)  # an EMA of measurements
+    c.record_draft(1, 0.5)
+    assert c.draft(4) == pytest.approx(2.0)                  # one point: proportional
+
+
+def table(fn, batches=(1,), widths=(1, 2, 4, 8, 16, 32, 64), draft=0.0, learn=True) -> CostTable:
+    c = CostTable(learn=learn)
+    for b in batches:
+        for t in widths:
+            c.record_verify(b, t, fn(b, t))
+        c.record_draft(b, draft)
+    return c
+
+
+def test_choose_tokens_weighs_expected_tokens_against_measured_cost():
+    curve = np.concatenate([[1.0], 1 + np.cumsum(np.full(31, 0.5))])  # every node: 50 % acceptance
+    steep = table(lambda b, t: 1e-3 * t)                 # each token costs as much as a plain step
+    assert choose_tokens([curve], steep, 1, 0.0) == 1
+    flat = table(lambda b, t: 1e-3 * (1 + 0.001 * t))    # a wider forward is almost free
+    assert choose_tokens([curve], flat, 1, 0.0) == 32    # the whole tree
+    middle = table(lambda b, t: 1e-3 * (1 + 0.2 * t))
+    saturating = np.concatenate([[1.0], 1 + np.cumsum(0.9 ** np.arange(1, 32))])
+    T = choose_tokens([saturating], middle, 1, 2e-4)
+    assert 2 < T < 32
+    assert choose_tokens([saturating, saturating], middle, 2, 2e-4, floor=T + 3) >= T + 3  # others' trees
+    assert choose_tokens([curve], CostTable(), 1, 0.0) == 32  # unmeasured: trust the drafter
+
+
+# ----------------------------------------------------------------------- exactness with auto
+def run(models, method, budget=None, batch=1, ps=(), patch=None):
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch, max_model_len=128))
+    if patch is not None:
+        patch(eng)
+    seqs = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in ps]
+    while eng.has_work():
+        eng.step()
+    assert eng.cache.free_slots == batch and not eng.adaptive.states  # slots and auto state released
+    return [s.output_ids for s in seqs], [s.metrics for s in seqs]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_auto_equals_ar(models, batch):
+    """Measured costs on the random pair: whatever it chooses, greedy output is plain decoding's."""
+    ps = prompts(12)
+    ref, _ = run(models, "ar", ps=ps)
+    out, metrics = run(models, "ddtree", "auto", batch=batch, ps=ps)
+    assert out == ref
+    for m in metrics:
+        assert len(m.budgets) == len(m.predicted_taus) == m.rounds > 0
+        assert all(0 <= n <= 32 for n in m.budgets) and all(p >= 1.0 for p in m.predicted_taus)
+
+
+def pinned(eng):
+    """Costs pinned to a tree-friendly but not free shape (no online refresh): the choice is deterministic."""
+    eng.adaptive.costs = table(lambda b, t: 1e-3 * (1 + 0.06 * t), batches=(1, 2, 4, 512), draft=3e-4, learn=False)
+
+
+@pytest.mark.parametrize("method, batch", [("ddtree", 1), ("ddtree", 4), ("hybrid", 2)])
+def test_greedy_auto_with_accepted_drafts_chooses_and_equals_ar(models, method, batch):
+    """Drafts the target agrees with (its own greedy continuation, ranked): auto verifies real
+    trees, their sizes vary with the calibrated curves, and the output is still plain decoding's."""
+    ps = prompts(8, seed=4)
+    ref, _ = run(models, "ar", ps=ps)
+    drafts = target_drafts(models[0])
+    out, metrics = run(models, method, "auto", batch=batch, ps=ps, patch=lambda eng: (drafts(eng), pinned(eng)))
+    assert out == ref
+    budgets = [n for m in metrics for n in m.budgets]
+    taus = [t for m in metrics for t in m.accept_lengths]
+    assert len(budgets) == len(taus) and max(budgets) > 0 and len(set(budgets)) > 2
+    assert sum(taus) / len(taus) > 2
+
+
+def test_auto_skips_the_drafter_when_plain_decoding_is_predicted_faster(models):
+    """Every extra token costs a plain step: after the first (probing) round no tree pays, so
+    rounds are plain (N = 0) except the periodic re-probe."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=128))
+    eng.adaptive.costs = table(lambda b, t: 1e-3 * t, draft=1e-3, learn=False)
+    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    drafter_runs = eng.runner.shapes["drafter", 1, drafter.config.block_size]
+    assert 1 <= drafter_runs <= len(s.metrics.budgets) / 8 + 1  # the first round, then every 8th
+    assert s.metrics.budgets.count(0) >= len(s.metrics.budgets) - drafter_runs
+
+
+PROMPT = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab=8, seed=0, block_size=3)
+
+
+def test_sampled_auto_matches_the_exact_distribution(pair):
+    cell = check_cell(*pair, PROMPT, Cell("ddtree", "auto", SamplingParams(temperature=1.0, top_k=5), 20000, "target"),
+                      patch=pinned)
+    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.notes["mean_accept_length"] > 1.2
+
+
+def test_a_wrong_verifier_is_caught_with_auto(pair):
+    wrong = NEGATIVE_CONTROLS["temperature_x1.1"]
+    cell = check_cell(*pair, PROMPT, Cell("ddtree", "auto", SamplingParams(temperature=1.0, top_k=5), 20000, "target"),
+                      patch=lambda eng: (pinned(eng), wrong(eng)))
+    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
+
+
+# ----------------------------------------------------------------------------------- surface
+@pytest.mark.parametrize("bad", ["big", 0, -1, True, 2.5, 257])
+def test_bad_budgets_name_the_allowed_values(models, bad):
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", max_model_len=64))
+    with pytest.raises(RequestError, match=r'budget must be an integer in \[1, 256\] or "auto"') as e:
+        eng.add_request([1, 2], SamplingParams(max_tokens=2), budget=bad)
+    assert e.value.param == "speculative"
+    with pytest.raises(UserError, match='or "auto"'):
+        Engine(target, drafter, EngineConfig(method="hybrid", budget=bad, max_model_len=64))
+
+
+def test_auto_is_refused_where_there_is_no_tree_and_parsed_on_the_cli(models):
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", max_model_len=64))
+    with pytest.raises(RequestError, match="budget applies to methods 'ddtree', 'hybrid' only"):
+        eng.add_request([1, 2], SamplingParams(max_tokens=2), method="dflash", budget="auto")
+    assert budget_arg("auto") == "auto" and budget_arg("12") == 12
+    with pytest.raises(argparse.ArgumentTypeError, match="an integer or 'auto'"):
+        budget_arg("big")
+
+
+def test_cli_generate_json_carries_the_chosen_budgets(tiny_pair, capsys):
+    assert main(["generate", "t1 t2", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--budget", "auto",
+                 "--max-tokens", "10", "--json", "--no-compile"]) == 0
+    m = json.loads(capsys.readouterr().out)["metrics"]
+    assert len(m["budgets"]) == len(m["predicted_taus"]) == m["rounds"] > 0
+
+
+def test_server_auto_budget_reports_budgets(tiny_pair):
+    llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], max_batch_size=2)
+    srv = Running(create_app(llm, model_name="tiny"))
+    try:
+        with httpx.Client(base_url=srv.base, timeout=60) as h:
+            r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1 t2 t3", "max_tokens": 12,
+                                                "temperature": 0, "speculative": {"budget": "auto"}})
+            assert r.status_code == 200, r.text
+            spec = r.json()["usage"]["spec"]
+            assert sum(spec["budget_histogram"].values()) == spec["rounds"] > 0
+            assert spec["mean_predicted_accept_length"] >= 1.0
+            assert metric(srv.base, "flashtree_spec_budget_count") == spec["rounds"]
+            r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1", "speculative": {"budget": "big"}})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "speculative"
+            assert '"auto"' in r.json()["error"]["message"]
+            r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1", "max_tokens": 4, "temperature": 0})
+            assert r.status_code == 200 and r.json()["usage"]["spec"]["budget_histogram"] is None  # a fixed budget
+    finally:
+        srv.stop()
