@@ -78,25 +78,22 @@ class ModelRunner:
         self.feature_layers = tuple(feature_layers or ())
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self.compiled = resolve_compile(compile, self.device)
-        self._target_fn: Callable = self._target_step
-        self._draft_fn: Callable = self._draft_step
-        self._fns = {False: (self._target_step, self._draft_step)}
+        # the forwards by mode: False = eager, True = compiled (only when built compiled)
+        self._fns: dict[bool, tuple[Callable, Callable]] = {False: (self._target_step, self._draft_step)}
         if self.compiled:
             import torch.fx.experimental._config as fx_config
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             # the C++ wrapper calls the kernels without a Python frame each (~0.2 ms a step on CPU)
             opts = {"cpp_wrapper": True} if self.device.type == "cpu" else None
-            self._target_fn = torch.compile(self._target_step, dynamic=False, fullgraph=True, options=opts)
-            self._draft_fn = torch.compile(self._draft_step, dynamic=False, fullgraph=True, options=opts)
-            self._fns[True] = (self._target_fn, self._draft_fn)
+            self._fns[True] = (torch.compile(self._target_step, dynamic=False, fullgraph=True, options=opts),
+                               torch.compile(self._draft_step, dynamic=False, fullgraph=True, options=opts))
 
     def use_compiled(self, on: bool) -> None:
         """Switch a compiled runner between its compiled and eager forwards (bench compares them)."""
         if on not in self._fns:
             raise UserError("this model runner was built without compile: load with compile=True")
         self.compiled = on
-        self._target_fn, self._draft_fn = self._fns[on]
 
     # ------------------------------------------------------------------ the pure forwards
     def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
@@ -133,7 +130,7 @@ class ModelRunner:
         cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
         args = (_dynamic(tokens, 0, 1), _dynamic(positions, 0, 1), _dynamic(slots_t, 0), _dynamic(lengths, 0),
                 _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0))
-        logits, feats, k, v = self._target_fn(*args, self.cache.k, self.cache.v)
+        logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
         rows = lengths[:, None] + torch.arange(T, device=self.device)                  # [B, T]
         self.cache.write(slots_t, rows, k, v)
         return logits[:R], feats
@@ -154,7 +151,7 @@ class ModelRunner:
         args = (_dynamic(block, 0, 1), _dynamic(block_pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
                 _dynamic(slots_t, 0), _dynamic(past_len, 0), _dynamic(ctx_len, 0), _dynamic(block_len, 0),
                 _dynamic(cols, 0))
-        logprobs, k, v = self._draft_fn(*args, self.draft_cache.k, self.draft_cache.v)
+        logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
         rows = past_len[:, None] + torch.arange(ctx.shape[1], device=self.device)      # [B, C]
         self.draft_cache.write(slots_t, rows, k, v)
         return logprobs
@@ -179,6 +176,7 @@ class ModelRunner:
             from tqdm import tqdm
             bar = tqdm(total=len(buckets), desc="compiling", unit="graph")
         dev = self.device
+        target_fn, draft_fn = self._fns[self.compiled]
         for model, B, T in buckets:
             slots = torch.arange(B, device=dev)
             lengths = torch.full((B,), 5, device=dev)
@@ -188,18 +186,17 @@ class ModelRunner:
             if model == "target":
                 vis = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T).contiguous()
                 nodes = torch.arange(B * T, device=dev)
-                self._target_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(slots, 0), _dynamic(lengths, 0),
-                                _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0), self.cache.k,
-                                self.cache.v)
+                target_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(slots, 0), _dynamic(lengths, 0),
+                          _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0), self.cache.k, self.cache.v)
             else:
                 C, F = 3, self.drafter.fc.in_features
                 ctx = torch.zeros(B, C, F, dtype=self.dtype, device=dev)
                 ctx_pos = (lengths[:, None] + torch.arange(C, device=dev)).contiguous()
                 n = torch.full((B,), C, device=dev)
-                self._draft_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
-                               _dynamic(slots, 0), _dynamic(lengths.clone(), 0), _dynamic(n, 0),
-                               _dynamic(torch.full((B,), T, device=dev), 0), _dynamic(cols, 0), self.draft_cache.k,
-                               self.draft_cache.v)
+                draft_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
+                         _dynamic(slots, 0), _dynamic(lengths.clone(), 0), _dynamic(n, 0),
+                         _dynamic(torch.full((B,), T, device=dev), 0), _dynamic(cols, 0), self.draft_cache.k,
+                         self.draft_cache.v)
             if bar is not None:
                 bar.update()
         if bar is not None:
