@@ -141,9 +141,15 @@ def test_greedy_auto_equals_ar(models, batch):
         assert all(0 <= n <= 32 for n in m.budgets) and all(p >= 1.0 for p in m.predicted_taus)
 
 
-def pinned(eng):
-    """Costs pinned to a tree-friendly but not free shape (no online refresh): the choice is deterministic."""
-    eng.adaptive.costs = table(lambda b, t: 1e-3 * (1 + 0.06 * t), batches=(1, 2, 4, 512), draft=3e-4, learn=False)
+def pin(fn, draft=3e-4, batches=(1, 2, 4, 512)):
+    """A patch pinning the engine's costs to fn(batch, tokens) seconds (no online refresh): the
+    choices become deterministic. Set through the engine's public cost table."""
+    def patch(eng):
+        eng.adaptive.costs = table(fn, batches, draft=draft, learn=False)
+    return patch
+
+
+pinned = pin(lambda b, t: 1e-3 * (1 + 0.06 * t))  # a tree pays, but not an arbitrarily wide one
 
 
 @pytest.mark.parametrize("method, batch", [("ddtree", 1), ("ddtree", 4), ("hybrid", 2)])
@@ -161,12 +167,27 @@ def test_greedy_auto_with_accepted_drafts_chooses_and_equals_ar(models, method, 
     assert sum(taus) / len(taus) > 2
 
 
+def test_flat_costs_verify_whole_trees_and_the_calibration_follows_the_realised_tau(models):
+    """A wider forward is free: every drafting round verifies its whole tree (32 nodes). Greedy
+    acceptance of the target's own ranked continuation is far above its draft probabilities (the
+    prior), so predicted tau tracks the realised one only because the calibration learns."""
+    ps = prompts(8, seed=6)
+    drafts = target_drafts(models[0])
+    flat = pin(lambda b, t: 1e-3)
+    _, metrics = run(models, "ddtree", "auto", batch=4, ps=ps, patch=lambda eng: (drafts(eng), flat(eng)))
+    budgets = [n for m in metrics for n in m.budgets]
+    assert set(budgets) <= {0, 32} and budgets.count(32) > 0.8 * len(budgets)  # 0: the last, depth-0 rounds
+    late = [(p, t) for m in metrics for p, t in list(zip(m.predicted_taus, m.accept_lengths))[3:]]
+    predicted, realised = (sum(x) / len(x) for x in zip(*late))
+    assert realised > 2.5 and abs(predicted - realised) < 0.15 * realised, (predicted, realised)
+
+
 def test_auto_skips_the_drafter_when_plain_decoding_is_predicted_faster(models):
     """Every extra token costs a plain step: after the first (probing) round no tree pays, so
     rounds are plain (N = 0) except the periodic re-probe."""
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=128))
-    eng.adaptive.costs = table(lambda b, t: 1e-3 * t, draft=1e-3, learn=False)
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
     s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     while eng.has_work():
         eng.step()
