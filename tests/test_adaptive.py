@@ -4,6 +4,7 @@ wrong verifier is still caught) — plus its surface: bad values, metrics, the s
 import argparse
 import json
 import math
+import re
 
 import httpx
 import numpy as np
@@ -248,6 +249,16 @@ def test_cli_generate_json_carries_the_chosen_budgets(tiny_pair, capsys):
     assert len(m["budgets"]) == len(m["predicted_taus"]) == m["rounds"] > 0
 
 
+def test_trace_shows_each_auto_round_with_its_prediction(tiny_pair, tmp_path):
+    page = tmp_path / "trace.html"
+    assert main(["trace", "t1 t2 t3", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--budget", "auto",
+                 "--max-tokens", "8", "--out", str(page), "--no-compile"]) == 0
+    text = page.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'id="trace-data">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</"))
+    assert data["meta"]["budget"] == "auto" and data["rounds"]
+    assert all(r["predicted_tau"] >= 1.0 for r in data["rounds"]) and text.count("(predicted ") == len(data["rounds"])
+
+
 def test_server_auto_budget_reports_budgets(tiny_pair):
     llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], max_batch_size=2)
     srv = Running(create_app(llm, model_name="tiny"))
@@ -263,7 +274,8 @@ def test_server_auto_budget_reports_budgets(tiny_pair):
             r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1", "speculative": {"budget": "big"}})
             assert r.status_code == 400 and r.json()["error"]["param"] == "speculative"
             assert '"auto"' in r.json()["error"]["message"]
-            r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1", "max_tokens": 4, "temperature": 0})
+            r = h.post("/v1/completions", json={"model": "tiny", "prompt": "t1", "max_tokens": 4, "temperature": 0,
+                                                "speculative": {"budget": 8}})
             assert r.status_code == 200 and r.json()["usage"]["spec"]["budget_histogram"] is None  # a fixed budget
     finally:
         srv.stop()

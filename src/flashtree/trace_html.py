@@ -38,7 +38,7 @@ class TraceMeta:
     prompt: str
     output: str
     method: str
-    budget: int
+    budget: int | str          # an int, or "auto" (each round's draft nodes are its chosen size)
     block_size: int
     temperature: float
     model: str
@@ -185,8 +185,9 @@ def render(rounds: list[dict], decode, meta: TraceMeta) -> str:
            '</span></p></section>']
     for n, e in enumerate(rounds, 1):
         accepted = len(e["path"]) - 1
+        predicted = f' (predicted {e["predicted_tau"]:.2f})' if e.get("predicted_tau") is not None else ""
         out.append(f'<section class="round" id="round-{n}" data-tau="{e["tau"]}" data-nodes="{e["tree"].size}">'
-                   f'<h2>Round {n} <span class="tau">τ = {e["tau"]}</span> · {e["tree"].size - 1} draft nodes · '
+                   f'<h2>Round {n} <span class="tau">τ = {e["tau"]}</span>{predicted} · {e["tree"].size - 1} draft nodes · '
                    f'{accepted} accepted · bonus <code>{html.escape(visible(decode([e["bonus"]])))}</code></h2>'
                    f'<div>committed: <code>{html.escape(visible(decode(committed_ids(e))))}</code></div>'
                    f'{times_table(e.get("times", {}))}{tree_svg(e, decode)}</section>')
@@ -202,7 +203,8 @@ def _first_token(rounds: list[dict], decode) -> str:
 
 def _data_json(rounds: list[dict], meta: TraceMeta) -> str:
     data = {"meta": {k: getattr(meta, k) for k in TraceMeta.__slots__},
-            "rounds": [{"tau": e["tau"], "path": e["path"], "bonus": e["bonus"], "times": e.get("times", {}),
+            "rounds": [{"tau": e["tau"], "predicted_tau": e.get("predicted_tau"), "path": e["path"],
+                        "bonus": e["bonus"], "times": e.get("times", {}),
                         "tokens": e["tree"].tokens, "parents": e["tree"].parents,
                         "depths": e["tree"].depths, "logprobs": e["tree"].logprobs} for e in rounds]}
     return json.dumps(data).replace("</", "<\\/")

@@ -34,6 +34,8 @@ log = logging.getLogger("flashtree.engine")
 
 MAX_BUDGET = 512
 DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between runs; 16 has the higher tau (benchmarks/cpu)
+# not "auto" yet: its choices follow measured timings, so a seeded sampled run no longer repeats
+# exactly (the draws a round consumes depend on its tree) -- tests/test_server.py::test_sampling_n_and_seed
 AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 
@@ -472,8 +474,8 @@ class Engine:
                 s.metrics.predicted_taus.append(out.choices[b].predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
             if self.round_log is not None:
-                self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path,
-                                       "bonus": bonus[b], "tau": tau})
+                self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
+                                       "tau": tau, "predicted_tau": out.choices[b] and out.choices[b].predicted_tau})
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
         self.cache.compact(slots, src, dst)
         self.stats["rounds"] += 1
