@@ -205,9 +205,10 @@ def pair():
     return tiny_pair(vocab=8, seed=0, block_size=3)
 
 
-def test_sampled_auto_matches_the_exact_distribution(pair):
-    cell = check_cell(*pair, PROMPT, Cell("ddtree", "auto", SamplingParams(temperature=1.0, top_k=5), 20000, "target"),
-                      patch=pinned)
+@pytest.mark.parametrize("method, params", [("ddtree", SamplingParams(temperature=1.0, top_k=5)),
+                                            ("hybrid", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05))])
+def test_sampled_auto_matches_the_exact_distribution(pair, method, params):
+    cell = check_cell(*pair, PROMPT, Cell(method, "auto", params, 20000, "target"), patch=pinned)
     assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.notes)
     assert cell.notes["mean_accept_length"] > 1.2
 

@@ -350,8 +350,8 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
                     temp += seqs
 
                     def draft(seqs=seqs):  # the drafter pass and the trees built from it, as a round does
-                        for b, s in enumerate(seqs):
-                            engine.drafts.on_prefill(s, feats[b, :min(3, feats.shape[1])])
+                        for b, s in enumerate(seqs):  # a few fresh context rows, within the dummy context
+                            engine.drafts.on_prefill(s, feats[b, :min(3, ctx, feats.shape[1])])
                         out = engine.drafts.run(seqs)
                         for s in seqs:
                             builder.tree(s, out[s], s.block_size - 1)
