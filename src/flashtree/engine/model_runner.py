@@ -78,6 +78,7 @@ class ModelRunner:
         self.feature_layers = tuple(feature_layers or ())
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self.compiled = resolve_compile(compile, self.device)
+        self.warm = False  # every bucket traced (warmup): inputs no longer need dynamic marks
         # the forwards by mode: False = eager, True = compiled (only when built compiled)
         self._fns: dict[bool, tuple[Callable, Callable]] = {False: (self._target_step, self._draft_step)}
         if self.compiled:
@@ -94,6 +95,13 @@ class ModelRunner:
         if on not in self._fns:
             raise UserError("this model runner was built without compile: load with compile=True")
         self.compiled = on
+
+    def _inputs(self, *specs) -> tuple:
+        """specs: (tensor, *dims). The tensors, with those dims marked dynamic while a compiled
+        graph may still be traced (marking costs ~8 us a tensor: skipped when eager or warm)."""
+        if self.compiled and not self.warm:
+            return tuple(_dynamic(t, *dims) for t, *dims in specs)
+        return tuple(spec[0] for spec in specs)
 
     # ------------------------------------------------------------------ the pure forwards
     def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
@@ -128,8 +136,8 @@ class ModelRunner:
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
         slots_t = torch.tensor(slots, device=self.device)
         cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
-        args = (_dynamic(tokens, 0, 1), _dynamic(positions, 0, 1), _dynamic(slots_t, 0), _dynamic(lengths, 0),
-                _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0))
+        args = self._inputs((tokens, 0, 1), (positions, 0, 1), (slots_t, 0), (lengths, 0), (vis, 0, 1, 2), (cols, 0),
+                            (nodes, 0))
         logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
         rows = lengths[:, None] + torch.arange(T, device=self.device)                  # [B, T]
         self.cache.write(slots_t, rows, k, v)
@@ -148,9 +156,8 @@ class ModelRunner:
             ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
         slots_t = torch.tensor(slots, device=self.device)
         cols = torch.arange(_at_least_2(int(past_len.max())), device=self.device)
-        args = (_dynamic(block, 0, 1), _dynamic(block_pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
-                _dynamic(slots_t, 0), _dynamic(past_len, 0), _dynamic(ctx_len, 0), _dynamic(block_len, 0),
-                _dynamic(cols, 0))
+        args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1), (slots_t, 0),
+                            (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
         logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
         rows = past_len[:, None] + torch.arange(ctx.shape[1], device=self.device)      # [B, C]
         self.draft_cache.write(slots_t, rows, k, v)
@@ -201,4 +208,5 @@ class ModelRunner:
                 bar.update()
         if bar is not None:
             bar.close()
+        self.warm = self.compiled
         return time.perf_counter() - t0
