@@ -91,20 +91,23 @@ def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------- costs
-def interpolate(points: dict[float, float], x: float) -> float:
+def interpolate(points: dict[float, float], x):
     """Piecewise-linear y(x) through measured points; beyond them the nearest segment's slope;
-    from a single point, proportional (y = y0 * x / x0). Never below a microsecond."""
-    xs = sorted(points)
-    if x in points:
-        return points[x]
+    from a single point, proportional (y = y0 * x / x0). Never below a microsecond. `x` may be a
+    number (returns a float) or an array (returns an array), so a round rates every width at once."""
+    if np.ndim(x) == 0 and x in points:  # a measured point (the common case): no array work
+        return max(float(points[x]), 1e-6)
+    xs = np.array(sorted(points), dtype=float)
+    ys = np.array([points[k] for k in sorted(points)], dtype=float)
+    q = np.asarray(x, dtype=float)
     if len(xs) == 1:
-        y = points[xs[0]] * x / xs[0]
+        y = ys[0] * q / xs[0]
     else:
-        i = min(max(int(np.searchsorted(xs, x)), 1), len(xs) - 1)  # segment [xs[i-1], xs[i]]
-        x0, x1 = xs[i - 1], xs[i]
-        y0, y1 = points[x0], points[x1]
-        y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return max(y, 1e-6)
+        i = np.clip(np.searchsorted(xs, q), 1, len(xs) - 1)  # segment [xs[i-1], xs[i]]
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        y = y0 + (y1 - y0) * (q - x0) / (x1 - x0)
+    y = np.maximum(y, 1e-6)
+    return float(y) if y.ndim == 0 else y
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class CostTable:
     draft_s: dict[int, float] = field(default_factory=dict)               # batch -> drafter pass + tree build
     overhead_s: dict[int, float] = field(default_factory=dict)            # batch -> pack, walk, commit
     learn: bool = True
+    _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
 
     @property
     def measured(self) -> bool:
@@ -127,6 +131,7 @@ class CostTable:
 
     def record_verify(self, batch: int, tokens: int, secs: float) -> None:
         self._ema(self.verify_s, (batch, tokens), secs)
+        self._by_batch = None
 
     def record_draft(self, batch: int, secs: float) -> None:
         self._ema(self.draft_s, batch, secs)
@@ -134,23 +139,26 @@ class CostTable:
     def record_overhead(self, batch: int, secs: float) -> None:
         self._ema(self.overhead_s, batch, secs)
 
-    def verify(self, batch: int, tokens: int) -> float | None:
-        """The target forward of `batch` sequences x `tokens`: interpolated over the tokens measured
-        at this batch size; else from the nearest measured batch size at the same total tokens
-        (batch x tokens), rescaled to this batch's one measured point if it has one."""
+    def verify(self, batch: int, tokens):
+        """The target forward of `batch` sequences x `tokens` (a number or an array of them):
+        interpolated over the tokens measured at this batch size; else from the nearest measured
+        batch size at the same total tokens (batch x tokens), rescaled to this batch's one
+        measured point if it has one (at that point the two agree)."""
         if not self.verify_s:
             return None
-        by_batch: dict[int, dict[float, float]] = {}
-        for (b, t), s in self.verify_s.items():
-            by_batch.setdefault(b, {})[t] = s
+        if self._by_batch is None:
+            self._by_batch = {}
+            for (b, t), s in self.verify_s.items():
+                self._by_batch.setdefault(b, {})[t] = s
+        by_batch = self._by_batch
         own = by_batch.get(batch, {})
-        if tokens in own or len(own) >= 2:
+        if len(own) >= 2 or (own and np.all(np.isin(tokens, list(own)))):
             return interpolate(own, tokens)
         ref = min(by_batch, key=lambda b: (len(by_batch[b]) < 2, abs(math.log(b / batch))))
-        est = interpolate(by_batch[ref], tokens * batch / ref)
+        est = interpolate(by_batch[ref], np.asarray(tokens, dtype=float) * batch / ref)
         if own:  # one point here: the reference curve's shape, this batch's level
             (t0, s0), = own.items()
-            est *= s0 / interpolate(by_batch[ref], t0 * batch / ref)
+            est = est * (s0 / interpolate(by_batch[ref], t0 * batch / ref))
         return est
 
     def draft(self, batch: int) -> float | None:
@@ -159,8 +167,9 @@ class CostTable:
     def overhead(self, batch: int) -> float:
         return interpolate(self.overhead_s, batch) if self.overhead_s else 0.0
 
-    def round_cost(self, batch: int, tokens: int) -> float | None:
-        """A round without its draft: the verify forward plus the round's other work."""
+    def round_cost(self, batch: int, tokens):
+        """A round without its draft: the verify forward plus the round's other work (`tokens`:
+        a number or an array of widths)."""
         v = self.verify(batch, tokens)
         return None if v is None else v + self.overhead(batch)
 
@@ -183,14 +192,12 @@ def token_rates(curves: list[np.ndarray], costs: CostTable, batch: int, draft_co
     widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
     node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences."""
     top = max([floor] + [len(c) for c in curves])
-    out = {}
-    for T in range(floor, top + 1):
-        cost = costs.round_cost(batch, T)
-        if cost is None:
-            return {}
-        gain = fixed + sum(float(c[min(T - 1, len(c) - 1)]) for c in curves)
-        out[T] = gain / (draft_cost + cost)
-    return out
+    widths = np.arange(floor, top + 1)
+    cost = costs.round_cost(batch, widths)                   # every width at once
+    if cost is None:
+        return {}
+    gain = fixed + sum(c[np.minimum(widths - 1, len(c) - 1)] for c in curves)
+    return dict(zip(widths.tolist(), (gain / (draft_cost + cost)).tolist()))
 
 
 def choose_tokens(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
