@@ -197,6 +197,20 @@ def test_auto_skips_the_drafter_when_plain_decoding_is_predicted_faster(models):
     assert s.metrics.budgets.count(0) >= len(s.metrics.budgets) - drafter_runs
 
 
+def test_probes_back_off_while_drafting_does_not_pay(models):
+    """Probes that verify no draft node double the gap to the next one (8, 16, 32, ...): over
+    100 plain rounds the drafter runs about 4 times, not 13."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=128))
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
+    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    drafter_runs = eng.runner.shapes["drafter", 1, drafter.config.block_size]
+    assert len(s.metrics.budgets) >= 95 and s.metrics.budgets.count(0) >= len(s.metrics.budgets) - drafter_runs
+    assert 2 <= drafter_runs <= 5, drafter_runs
+
+
 PROMPT = [1, 2, 3]
 
 

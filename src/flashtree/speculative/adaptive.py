@@ -44,7 +44,8 @@ BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
 BIN_CENTRES = np.concatenate([[BIN_EDGES[0] - 2.0], (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2, [BIN_EDGES[-1] / 2]])
 PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
 COST_EMA = 0.2          # weight of a new measurement in the cost table
-PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round
+PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
+MAX_PROBE_GAP = 64      # ... a gap that doubles while probes keep choosing no draft node, up to this
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
 
 
@@ -233,6 +234,9 @@ class AutoState:
     calibration: Calibration = field(default_factory=Calibration)
     last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
     undrafted: int = 0                    # rounds since it last drafted
+    probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
+                                          # probe_every (it backs off, see learn)
+    prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
 
 
 class AdaptiveBudget:
@@ -255,13 +259,19 @@ class AdaptiveBudget:
         states = [self.state(s) for s in seqs]
         c = self.costs
         if (not c.measured or c.draft(batch) is None
-                or any(st.last_paths is None or st.undrafted + 1 >= self.probe_every for st in states)):
+                or any(st.last_paths is None or st.undrafted + 1 >= (st.probe_gap or self.probe_every)
+                       for st in states)):
             return True
+        if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
+            return False
         curves = [np.concatenate([[1.0], 1.0 + np.cumsum(st.calibration.rate(st.last_paths))]) for st in states]
         fixed = batch - len(seqs)
         spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
-        return bool(spec) and max(spec.values()) > plain
+        wants = bool(spec) and max(spec.values()) > plain
+        for st in states:
+            st.prefers_plain = not wants
+        return wants
 
     def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
             ) -> tuple[list[DraftTree], list[Choice | None]]:
@@ -292,8 +302,11 @@ class AdaptiveBudget:
             accepted = np.zeros(tree.size, dtype=bool)
             accepted[path] = True
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
-        if choice.paths is not None:
-            st.last_paths, st.undrafted = choice.paths, 0
+        if choice.paths is not None:  # it drafted: a fresh curve (and a verdict on the probe)
+            st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
+            # a probe that verified no draft node says drafting still does not pay: probe half as often
+            gap = st.probe_gap or self.probe_every
+            st.probe_gap = min(2 * gap, MAX_PROBE_GAP) if choice.nodes == 0 else None
         else:
             st.undrafted += 1
 
