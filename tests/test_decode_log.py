@@ -148,7 +148,9 @@ def test_server_logs_the_line_at_the_interval_with_the_workloads_accept_len(tiny
         assert len(lines) >= 2, [r.getMessage() for r in recorder.records]
         for _, line in lines:
             assert line["accept_len"] == 4.00 and line["method"] == "ddtree"
-            assert line["waiting"] == 0 and 1 <= line["running"] <= 2 and 0 <= line["kv_used"] <= 100
+            # running and kv used are the state when the line is written: an interval whose work
+            # finished inside it still reports its accept len and throughput, with running 0
+            assert line["waiting"] == 0 and 0 <= line["running"] <= 2 and 0 <= line["kv_used"] <= 100
             assert line["throughput"] > 0
         assert max(line["running"] for _, line in lines) == 2
         stamps = [t for t, _ in lines]
