@@ -183,31 +183,30 @@ def test_flat_costs_verify_whole_trees_and_the_calibration_follows_the_realised_
     assert realised > 2.5 and abs(predicted - realised) < 0.15 * realised, (predicted, realised)
 
 
-def test_auto_skips_the_drafter_when_plain_decoding_is_predicted_faster(models):
-    """Every extra token costs a plain step: after the first (probing) round no tree pays, so
-    rounds are plain (N = 0) except the periodic re-probe."""
+def drafting_never_pays(models, max_tokens):
+    """A greedy auto run whose pinned costs make every extra verified token cost a plain step:
+    (its budgets per round, the drafter passes it ran)."""
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=128))
     pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
-    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     while eng.has_work():
         eng.step()
-    drafter_runs = eng.runner.shapes["drafter", 1, drafter.config.block_size]
-    assert 1 <= drafter_runs <= len(s.metrics.budgets) / 8 + 1  # the first round, then every 8th
-    assert s.metrics.budgets.count(0) >= len(s.metrics.budgets) - drafter_runs
+    return s.metrics.budgets, eng.runner.shapes["drafter", 1, drafter.config.block_size]
+
+
+def test_auto_skips_the_drafter_when_plain_decoding_is_predicted_faster(models):
+    """After the first (probing) round no tree pays, so rounds are plain (N = 0) except re-probes."""
+    budgets, drafter_runs = drafting_never_pays(models, 30)
+    assert 1 <= drafter_runs <= len(budgets) / 8 + 1  # the first round, then at most every 8th
+    assert budgets.count(0) >= len(budgets) - drafter_runs
 
 
 def test_probes_back_off_while_drafting_does_not_pay(models):
     """Probes that verify no draft node double the gap to the next one (8, 16, 32, ...): over
     100 plain rounds the drafter runs about 4 times, not 13."""
-    target, drafter = models
-    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=128))
-    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
-    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
-    while eng.has_work():
-        eng.step()
-    drafter_runs = eng.runner.shapes["drafter", 1, drafter.config.block_size]
-    assert len(s.metrics.budgets) >= 95 and s.metrics.budgets.count(0) >= len(s.metrics.budgets) - drafter_runs
+    budgets, drafter_runs = drafting_never_pays(models, 100)
+    assert len(budgets) >= 95 and budgets.count(0) >= len(budgets) - drafter_runs
     assert 2 <= drafter_runs <= 5, drafter_runs
 
 
