@@ -175,35 +175,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warmup(self, buckets: list[tuple[str, int, int]], progress: bool = False) -> float:
-        """Run every bucket once on dummy inputs (compiling it when compiled); no cache row is
-        written. Returns the seconds it took."""
+        """Run every bucket once through `run_target` / `run_drafter` on dummy inputs (compiling
+        it when compiled). Call it while every slot is free: it writes rows past a 5-token dummy
+        context of slots 0..B-1, which no sequence sees. Returns the seconds it took."""
         t0 = time.perf_counter()
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(buckets), desc="compiling", unit="graph")
         dev = self.device
-        target_fn, draft_fn = self._fns[self.compiled]
         for model, B, T in buckets:
-            slots = torch.arange(B, device=dev)
             lengths = torch.full((B,), 5, device=dev)
             pos = (lengths[:, None] + torch.arange(T, device=dev)).contiguous()
             ids = torch.zeros(B, T, dtype=torch.long, device=dev)
-            cols = torch.arange(5, device=dev)
             if model == "target":
                 vis = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T).contiguous()
-                nodes = torch.arange(B * T, device=dev)
-                target_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(slots, 0), _dynamic(lengths, 0),
-                          _dynamic(vis, 0, 1, 2), _dynamic(cols, 0), _dynamic(nodes, 0), self.cache.k, self.cache.v)
+                self.run_target(ids, pos, list(range(B)), lengths, vis, torch.arange(B * T, device=dev))
             else:
-                C, F = 3, self.drafter.fc.in_features
-                ctx = torch.zeros(B, C, F, dtype=self.dtype, device=dev)
+                C = 3
+                ctx = torch.zeros(B, C, self.drafter.fc.in_features, dtype=self.dtype, device=dev)
                 ctx_pos = (lengths[:, None] + torch.arange(C, device=dev)).contiguous()
-                n = torch.full((B,), C, device=dev)
-                draft_fn(_dynamic(ids, 0, 1), _dynamic(pos, 0, 1), _dynamic(ctx, 0, 1), _dynamic(ctx_pos, 0, 1),
-                         _dynamic(slots, 0), _dynamic(lengths.clone(), 0), _dynamic(n, 0),
-                         _dynamic(torch.full((B,), T, device=dev), 0), _dynamic(cols, 0), self.draft_cache.k,
-                         self.draft_cache.v)
+                self.run_drafter(ids, pos, ctx, ctx_pos, list(range(B)), lengths.clone(),
+                                 torch.full((B,), C, device=dev), torch.full((B,), T, device=dev))
             if bar is not None:
                 bar.update()
         if bar is not None:
