@@ -126,7 +126,7 @@ def run(models, method, budget=None, batch=1, ps=(), patch=None):
     seqs = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in ps]
     while eng.has_work():
         eng.step()
-    assert eng.cache.free_slots == batch and not eng.adaptive.states  # slots and auto state released
+    assert eng.blocks.free_slots == batch and not eng.adaptive.states  # slots and auto state released
     return [s.output_ids for s in seqs], [s.metrics for s in seqs]
 
 

@@ -129,7 +129,7 @@ def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pai
     eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before = llm.generate([[5, 6, 7], [8, 9]], params)
-    stats, free = dict(eng.stats), eng.cache.free_slots
+    stats, free = dict(eng.stats), eng.blocks.free_slots
     seen = {"draft": []}
     shapes_before = eng.runner.shapes.copy()
     real_draft = eng.drafts.source
@@ -143,7 +143,7 @@ def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pai
     assert costs.context == 20
     assert {(2, n) for n in (1, 4, 8)} <= set(seen["forward"])  # 2 sequences x each tree size
     assert sorted(set(seen["draft"])) == [(2, "ddtree"), (2, "dflash")]
-    assert eng.stats == stats and eng.cache.free_slots == free and not eng.has_work()
+    assert eng.stats == stats and eng.blocks.free_slots == free and not eng.has_work()
     assert [o.token_ids for o in llm.generate([[5, 6, 7], [8, 9]], params)] == [o.token_ids for o in before]
 
 

@@ -11,6 +11,7 @@ from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.config import ConfigError, DrafterConfig, build_target_layer_ids
 from flashtree.models.loader import load_target
+from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.model_runner import ModelRunner
 
 from helpers import make_drafter, make_hf_target
@@ -61,7 +62,10 @@ def test_features_through_the_cache_match_hf_in_prefill_and_decode(pair):
     layer_ids = list(range(L))
     ids = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(1))
     ref = hf_features(hf, ids, layer_ids)[0]
-    runner = ModelRunner(ours, None, 1, 64, layer_ids)
+    blocks = BlockManager(9, 8, 1, 17)
+    blocks.allocate()
+    assert blocks.reserve(0, 64)
+    runner = ModelRunner(ours, None, blocks, layer_ids)
     got = []
     for start, end in ((0, 10), *((t, t + 1) for t in range(10, 16))):  # prefill, then one token at a time
         T = end - start

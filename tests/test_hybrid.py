@@ -86,7 +86,7 @@ def run(models, cfgs, ps, batch, max_tokens=24):
     seqs = [eng.add_request(p, params, **cfgs[i % len(cfgs)]) for i, p in enumerate(ps)]
     while eng.has_work():
         eng.step()
-    assert eng.cache.free_slots == batch and not eng.proposers["hybrid"].rate  # state released
+    assert eng.blocks.free_slots == batch and not eng.proposers["hybrid"].rate  # state released
     return [s.output_ids for s in seqs], [t for s in seqs for t in s.metrics.accept_lengths], eng
 
 

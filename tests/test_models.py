@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from flashtree.config import ModelConfig
+from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.model_runner import ModelRunner
 from flashtree.models.loader import load_target
 from flashtree.engine.round import pack_trees
@@ -26,9 +27,17 @@ CASES = {
 }
 
 
-def new_cache(model, slots=2, cap=128, compile=False):
-    """A model runner (eager unless compile) holding a KV cache of `slots` x `cap` rows."""
-    return ModelRunner(model, None, slots, cap, None, compile=compile)
+def new_cache(model, slots=2, cap=128, compile=False, page_size=4):
+    """A model runner (eager unless compile) holding a paged KV cache of `slots` x `cap` rows; the
+    slots' pages interleave (slot 0 gets pages 1, 3, 5, ...), so a sequence's rows are never
+    contiguous and every read and write goes through its page table."""
+    blocks = BlockManager(slots * cap // page_size + 1, page_size, slots, 2 * cap // page_size + 1)
+    for s in range(slots):
+        assert blocks.allocate() == s
+    for rows in range(page_size, cap + 1, page_size):
+        for s in range(slots):
+            assert blocks.reserve(s, rows)
+    return ModelRunner(model, None, blocks, None, compile=compile)
 
 
 def run(runner, slot, ids, start, vis=None):
@@ -132,7 +141,7 @@ def test_tree_mask_gives_each_node_its_path_logits_and_compaction_continues_exac
             assert (tree_logits[i] - ref).abs().max() < 1e-5, i
         # accept path root -> 1 -> 3 -> 4 (rows 12, 13, 15, 16) and compact to rows 12..15
         start, accepted = len(prompt), [0, 1, 3, 4]
-        cache.cache.compact([0] * 4, [start + a for a in accepted], [start + j for j in range(4)])
+        cache.move([0] * 4, [start + a for a in accepted], [start + j for j in range(4)])
         path_tokens = [tree.tokens[a] for a in accepted]
         cont = [21, 22, 23]
         got = run(cache, 0, cont, start + 4)

@@ -173,7 +173,7 @@ def test_a_failing_sequence_fails_alone(pair):
     assert outs[2].finish_reason == "error"
     for i in (0, 1, 3):
         assert (outs[i].text, outs[i].finish_reason) == (ref[i].text, "length")
-    assert llm.engine.cache.free_slots == llm.engine.cache.num_slots
+    assert llm.engine.blocks.free_slots == llm.engine.blocks.num_slots
     llm.engine.verify_fn = verify_tree
     assert [o.text for o in llm.generate(prompts, params, use_tqdm=False)] == [o.text for o in ref]
 

@@ -20,7 +20,7 @@ def run(models, method, budget=None, batch=1, ps=None, max_tokens=24, compile=Fa
     seqs = [eng.add_request(p, params) for p in ps]
     while eng.has_work():
         eng.step()
-    assert eng.cache.free_slots == batch  # every slot returned
+    assert eng.blocks.free_slots == batch  # every slot returned
     return [s.output_ids for s in seqs], [s.metrics for s in seqs]
 
 

@@ -86,4 +86,4 @@ def test_ddtree_runs_to_the_context_limit(tiny_pair, max_model_len, oracle):
             assert taus[:-1] == [8] * (len(taus) - 1) and last <= taus[-1] <= last + 1, taus
             assert last == ((len(o.token_ids) - 1) % 8 or 8)
     assert not tree.engine.running and not tree.engine.waiting
-    assert tree.engine.cache.free_slots == 3  # every slot returned
+    assert tree.engine.blocks.free_slots == 3  # every slot returned

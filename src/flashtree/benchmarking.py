@@ -233,7 +233,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
     stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
-    slots = [eng.cache.allocate() for _ in range(concurrency)]
+    slots = [eng.blocks.allocate() for _ in range(concurrency)]
     sync = (lambda: torch.cuda.synchronize(eng.device)) if eng.device.type == "cuda" else (lambda: None)
     made = []  # temporary sequences given drafter context
 
@@ -274,7 +274,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
                         times[key].append(time.perf_counter() - t0)
     finally:
         for slot in reversed(slots):  # the free list ends up in its original order
-            eng.cache.free(slot)
+            eng.blocks.free(slot)
         for s in made:
             eng.drafts.release(s)
         eng.stats.clear()

@@ -44,13 +44,17 @@ class LLM:
                  method: str = "ddtree", budget: int | str | None = None, topk: int | None = None,
                  block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
                  max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
-                 min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto"):
+                 min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
+                 enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
+                 max_num_batched_tokens: int | None = None):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
-                              max_queue=max_queue, compile=compile, **{k: v for k, v in (("max_ngram", max_ngram), (
+                              max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,
+                              page_size=page_size, kv_cache_tokens=kv_cache_tokens,
+                              max_num_batched_tokens=max_num_batched_tokens, **{k: v for k, v in (("max_ngram", max_ngram), (
                                   "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))

@@ -38,6 +38,14 @@ def add_model_arguments(p) -> None:
     p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
                         "--no-compile runs eager PyTorch")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="paged KV cache capacity in tokens (default: --max-batch-size sequences at the full context)")
+    p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")
+    p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="reuse the KV pages of a prompt prefix seen before (default: on)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
+                        "the running requests' rounds (default 512)")
 
 
 def add_sampling_arguments(p) -> None:
@@ -71,7 +79,10 @@ def load_llm(args, **kw):
                block_size=args.block_size, device=args.device, dtype=args.dtype,
                max_ngram=getattr(args, "max_ngram", None), min_ngram=getattr(args, "min_ngram", None),
                draft_len=getattr(args, "draft_len", None),
-               compile="auto" if getattr(args, "compile", None) is None else args.compile, **kw)
+               compile="auto" if getattr(args, "compile", None) is None else args.compile,
+               kv_cache_tokens=args.kv_cache_tokens, page_size=args.page_size,
+               enable_prefix_caching=args.enable_prefix_caching, max_num_batched_tokens=args.max_num_batched_tokens,
+               **kw)
 
 
 def check_topk(args) -> None:

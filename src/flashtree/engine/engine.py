@@ -1,11 +1,12 @@
 """The engine: continuous batching of requests through draft -> tree -> verify -> commit rounds.
 
-Each `step()` admits waiting requests (prefill, first token), then runs one round for every
-running sequence in a single target forward: each sequence's method (`speculative/`, one
+Each `step()` asks the scheduler what runs (`scheduler.py`: admission against free KV pages,
+chunked prefill, preemption), prefills those prompt chunks (a finished prefill samples the first
+token), then runs one round for every running sequence in a single target forward: each sequence's method (`speculative/`, one
 `Proposer` per method) proposes a draft tree — plain decoding the root alone — the trees are
 packed into one forward, verified with one rule, the KV cache is compacted to the accepted path,
-the method is told what was committed (`on_commit`) and stops are applied. The engine knows no
-method by name. Tokenisation, HTTP and scheduling policy beyond FIFO admission live elsewhere.
+the method is told what was committed (`on_commit`), full pages are named for the prefix cache and
+stops are applied. The engine knows no method by name. Tokenisation and HTTP live elsewhere.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
+from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .round import VerifyInput, pack_trees
+from .scheduler import Scheduler
 from .sequence import Sequence
 
 log = logging.getLogger("flashtree.engine")
@@ -38,6 +41,8 @@ DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between r
 # exactly (the draws a round consumes depend on its tree) -- tests/test_server.py::test_sampling_n_and_seed
 AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
+MAX_PAGE_SIZE = 1024
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512  # prompt tokens prefilled per step (benchmarks/paged: chunk gaps)
 
 
 @dataclass(slots=True)
@@ -56,6 +61,10 @@ class EngineConfig:
     draft_len: int = 10              # ngram: the longest chain copied (transformers' prompt_lookup_num_tokens)
     max_consecutive_failures: int = 8  # sequences failing in a row (none committing) = a broken engine
     compile: bool | str = False      # the model runner's forwards: "auto" | True | False (eager)
+    page_size: int = 16              # KV cache rows per page
+    kv_cache_tokens: int | None = None  # KV capacity in tokens; None = max_batch_size full-length sequences
+    enable_prefix_caching: bool = True  # reuse cached pages of equal prompt prefixes
+    max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None = DEFAULT_...
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -67,6 +76,18 @@ class EngineConfig:
         if isinstance(self.auto_max_budget, bool) or not isinstance(self.auto_max_budget, int) \
                 or self.auto_max_budget < 1:
             raise UserError(f"auto_max_budget must be an integer >= 1, got {self.auto_max_budget!r}")
+        if not _int_in(self.page_size, 1, MAX_PAGE_SIZE):
+            raise UserError(f"page_size must be an integer in [1, {MAX_PAGE_SIZE}], got {self.page_size!r}")
+        if self.kv_cache_tokens is not None and not _int_in(self.kv_cache_tokens, 1):
+            raise UserError(f"kv_cache_tokens must be a positive integer (or None: room for max_batch_size "
+                            f"full-length sequences), got {self.kv_cache_tokens!r}")
+        if self.max_num_batched_tokens is not None and not _int_in(self.max_num_batched_tokens, 1):
+            raise UserError(f"max_num_batched_tokens must be a positive integer (or None: "
+                            f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}), got {self.max_num_batched_tokens!r}")
+
+
+def _int_in(x, lo: int, hi: int | None = None) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int) and lo <= x and (hi is None or x <= hi)
 
 
 @dataclass(slots=True)
@@ -144,16 +165,24 @@ class Engine:
         self.default_topk = self.check_topk(config.topk, self.nodes_of(self.default_budget)) \
             if config.topk is not None else None
         slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
-        self.capacity = self.max_model_len + slack  # cache rows per slot
-        self.runner = ModelRunner(target, drafter, config.max_batch_size, self.capacity, self.feature_layers,
-                                  config.compile)
-        self.cache = self.runner.cache  # slot ownership (allocate / free) and compaction
+        self.capacity = self.max_model_len + slack  # the most cache rows one sequence may need
+        P = config.page_size
+        kv_tokens = config.kv_cache_tokens or config.max_batch_size * self.capacity
+        if kv_tokens < self.capacity:
+            raise UserError(f"kv_cache_tokens={kv_tokens} cannot hold one sequence at the context limit: "
+                            f"max_model_len {self.max_model_len} + {slack} rows for one round's draft tree = "
+                            f"{self.capacity} tokens; raise kv_cache_tokens or lower max_model_len")
+        # pages (plus the null page); a slot's table is wide enough for a batch padded past its end
+        self.blocks = BlockManager(-(-kv_tokens // P) + 1, P, config.max_batch_size, -(-2 * self.capacity // P) + 1,
+                                   config.enable_prefix_caching)
+        self.runner = ModelRunner(target, drafter, self.blocks, self.feature_layers, config.compile)
+        self.scheduler = Scheduler(self.blocks, config.max_batch_size,
+                                   config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                   self._round_rows, lambda s: proposer_class(s.method).needs_drafter)
         self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         self.proposers: dict[str, Proposer] = {
             m: proposer_class(m)(self) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
         self._next_id = 0
         self.verify_fn = verify_tree          # swappable in tests (a wrong verifier must be caught)
         self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
@@ -173,6 +202,18 @@ class Engine:
         log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
                  secs)
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    def _round_rows(self, s: Sequence) -> int:
+        """The most cache rows one round of s writes past its length: its largest tree."""
+        return max(s.budget + 1, s.block_size)
 
     # ---------------------------------------------------------------- requests
     def _check_method(self, method: str) -> type[Proposer]:
@@ -279,8 +320,13 @@ class Engine:
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         self.round_times = {}
         self._seed_costs()
-        self._admit()
-        batch = [s for s in self.running if not s.finished]
+        plan = self.scheduler.schedule()
+        for s in plan.preempted:  # recomputed from its tokens when readmitted
+            self.proposers[s.method].release(s)
+            self.adaptive.release(s)
+        if plan.prefills:
+            self._timed("prefill", self._isolated, self._prefill, plan.prefills)
+        batch = [s for s in self.running if s.decoding and not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
             parts = self._isolated(self._round, batch)
@@ -318,7 +364,7 @@ class Engine:
     def _seed_costs(self) -> None:
         """Before the first auto sequence is admitted: time real forwards on free slots."""
         a = self.adaptive
-        if a.costs.learn and not a.costs.measured and self.cache.free_slots \
+        if a.costs.learn and not a.costs.measured and self.blocks.free_slots \
                 and any(s.auto for s in self.waiting):
             self._timed("seed_costs", seed_costs, self, a.costs)
 
@@ -363,37 +409,37 @@ class Engine:
         self.round_times[name] = self.round_times.get(name, 0.0) + dt
         return out
 
-    def _admit(self) -> None:
-        new = []
-        while self.waiting and len(self.running) + len(new) < self.config.max_batch_size:
-            seq = self.waiting.popleft()
-            seq.slot = self.cache.allocate()
-            new.append(seq)
-        if new:
-            self.running.extend(new)  # before prefilling: a sequence that fails is released from here
-            self._timed("prefill", self._isolated, self._prefill, new)
-
     def _prefill(self, seqs: list[Sequence]) -> None:
-        lens = [len(s.prompt_ids) for s in seqs]
-        B, T = len(seqs), max(lens)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, :lens[b]] = torch.tensor(s.prompt_ids)
-        ids = ids.to(self.device)
+        """The next `chunk` tokens of each sequence's `cache_ids`, after its `prefilled` ones, in one
+        forward; a sequence whose prefill completes samples its first token (unless it is a
+        preempted one coming back: its last token is already drawn)."""
         dev = self.device
-        length = torch.tensor(lens, device=dev)
-        pos = torch.arange(T, device=dev).expand(B, T).contiguous()
+        chunks = [s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs]
+        B, T = len(seqs), max(len(c) for c in chunks)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        for b, c in enumerate(chunks):
+            ids[b, :len(c)] = torch.tensor(c)
+        ids = ids.to(dev)
+        start = torch.tensor([s.prefilled for s in seqs], device=dev)    # [B] rows already cached
+        n = torch.tensor([len(c) for c in chunks], device=dev)
         t = torch.arange(T, device=dev)
-        # causal among the prompt's own tokens; padding sees only itself (no all-masked row)
-        vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < length[:, None, None])
+        pos = start[:, None] + t                                           # [B, T]
+        # causal among the chunk's own tokens; padding sees only itself (no all-masked row)
+        vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
         vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
-        last = torch.arange(B, device=dev) * T + length - 1               # [B] flat index of each last token
-        logits, feats = self.runner.run_target(ids, pos, [s.slot for s in seqs], torch.zeros_like(length), vis, last)
-        first = self._sample(seqs, logits, [(b, b + 1) for b in range(B)])
+        last = torch.arange(B, device=dev) * T + n - 1                    # [B] flat index of each chunk's last token
+        logits, feats = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
+        done = [s.prefilled + s.chunk == len(s.cache_ids) for s in seqs]
+        fresh = [b for b, s in enumerate(seqs) if done[b] and not s.output_ids]
+        first = self._sample([seqs[b] for b in fresh], logits[fresh], [(i, i + 1) for i in range(len(fresh))]) \
+            if fresh else None
         for b, s in enumerate(seqs):
-            s.length = lens[b]
-            self.proposers[s.method].on_prefill(s, feats[b, :lens[b]] if feats is not None else None)
-        for s, tok in zip(seqs, first.tolist()):
+            s.prefilled += s.chunk
+            s.length, s.decoding = s.prefilled, done[b]
+            self.proposers[s.method].on_prefill(s, feats[b, :len(chunks[b])] if feats is not None else None)
+            self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
+        for b, tok in zip(fresh, first.tolist() if first is not None else []):
+            s = seqs[b]
             if not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
@@ -477,7 +523,14 @@ class Engine:
                 self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
                                        "tau": tau, "predicted_tau": out.choices[b] and out.choices[b].predicted_tau})
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
-        self.cache.compact(slots, src, dst)
+        self.runner.move(slots, src, dst)
+        for s in batch:
+            self.blocks.trim(s.slot, s.length)  # rejected nodes' rows: their pages go back
+            if self.blocks.unnamed(s.slot, s.length):  # a page filled up: name it (prefix cache)
+                self.blocks.commit(s.slot, s.cache_ids, s.length)
+            rows = self.drafts.cached_rows(s) if self.drafts is not None else None
+            if rows is not None:
+                self.blocks.drafted(s.slot, rows)
         self.stats["rounds"] += 1
 
     # ---------------------------------------------------------------- stops and retirement
@@ -501,8 +554,7 @@ class Engine:
         s.metrics.completion_tokens = len(s.output_ids)
 
     def _release(self, s: Sequence) -> None:
-        self.running.remove(s)
-        self.cache.free(s.slot)
+        self.scheduler.release(s)
         self.proposers[s.method].release(s)
         self.adaptive.release(s)
         s.metrics.elapsed_s = time.perf_counter() - s.t_start

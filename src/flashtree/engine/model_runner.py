@@ -15,7 +15,10 @@ the runner then writes with one indexed copy per cache. That function runs eager
   `FLASHTREE_COMPILE=0` is set in the environment (operators and the test suite use it to skip
   the warm-up).
 
-It does not choose tokens, build trees, sample or own slot allocation policy (the engine does).
+Which pages each sequence's rows live in is the block manager's (`block_manager.py`): the runner
+hands a forward the page table of its sequences and writes new K/V at the physical rows it names.
+It does not choose tokens, build trees, sample or decide which pages a sequence gets (the engine's
+scheduler does).
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ..errors import UserError
-from ..kv_cache import KVCache
+from .block_manager import BlockManager
+from .kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 
@@ -62,19 +67,19 @@ def _at_least_2(n: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, num_slots: int, capacity: int,
+    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, blocks: BlockManager,
                  feature_layers: list[int] | None, compile: bool | str = False):
-        self.target, self.drafter = target, drafter
+        self.target, self.drafter, self.blocks = target, drafter, blocks
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         tc = target.config
-        self.cache = KVCache(tc.num_hidden_layers, num_slots, capacity, tc.num_key_value_heads, tc.head_dim,
-                             self.dtype, self.device)
+        rows = blocks.num_pages * blocks.page_size
+        self.cache = KVCache(tc.num_hidden_layers, rows, tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
         self.draft_cache = None
         if drafter is not None:
             lc = drafter.config.layers
-            self.draft_cache = KVCache(lc.num_hidden_layers, num_slots, capacity, lc.num_key_value_heads,
-                                       lc.head_dim, self.dtype, self.device)
+            self.draft_cache = KVCache(lc.num_hidden_layers, rows, lc.num_key_value_heads, lc.head_dim, self.dtype,
+                                       self.device)
         self.feature_layers = tuple(feature_layers or ())
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self.compiled = resolve_compile(compile, self.device)
@@ -104,19 +109,20 @@ class ModelRunner:
         return tuple(spec[0] for spec in specs)
 
     # ------------------------------------------------------------------ the pure forwards
-    def _target_step(self, tokens, positions, slots, lengths, vis, cols, nodes, k_cache, v_cache):
-        # tokens, positions [B, T]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t
-        hidden, feats, k, v = self.target.forward_cached(tokens, positions, k_cache, v_cache, slots,
-                                                         lengths, vis, cols, self.feature_layers)
+    def _target_step(self, tokens, positions, table, lengths, vis, cols, nodes, k_cache, v_cache):
+        # tokens, positions [B, T]; table [B, pages]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t
+        hidden, feats, k, v = self.target.forward_cached(tokens, positions, k_cache, v_cache, table,
+                                                         self.blocks.page_size, lengths, vis, cols, self.feature_layers)
         logits = self.target.logits(hidden.flatten(0, 1).index_select(0, nodes))   # [R, V]
         return logits, feats, k, v
 
-    def _draft_step(self, block, block_pos, ctx, ctx_pos, slots, past_len, ctx_len, block_len, cols, k_cache,
+    def _draft_step(self, block, block_pos, ctx, ctx_pos, table, past_len, ctx_len, block_len, cols, k_cache,
                     v_cache):
-        # block, block_pos [B, K]; ctx [B, C, F]; ctx_pos [B, C]; past_len, ctx_len, block_len [B]; cols [S]
+        # block, block_pos [B, K]; ctx [B, C, F]; ctx_pos [B, C]; table [B, pages]; past_len, ctx_len,
+        # block_len [B]; cols [S]
         embeds = self.target.model.embed_tokens(block)
-        hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, slots,
-                                                   past_len, ctx_len, block_len, cols)
+        hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, table,
+                                                   self.blocks.page_size, past_len, ctx_len, block_len, cols)
         # slot k > 0 drafts position start+k: one 2-D GEMM through the target's LM head
         H = hidden.shape[-1]
         logits = self.target.logits(hidden[:, 1:].reshape(-1, H)).float()             # [B*(K-1), V]
@@ -134,13 +140,12 @@ class ModelRunner:
         R = nodes.shape[0]
         if B * T > 1 and R < 2:  # keep the dynamic row count off dynamo's 0/1 specialisation
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
-        slots_t = torch.tensor(slots, device=self.device)
-        cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
-        args = self._inputs((tokens, 0, 1), (positions, 0, 1), (slots_t, 0), (lengths, 0), (vis, 0, 1, 2), (cols, 0),
-                            (nodes, 0))
+        S = _at_least_2(int(lengths.max()))
+        cols = torch.arange(S, device=self.device)
+        args = self._inputs((tokens, 0, 1), (positions, 0, 1), (self._table(slots, S), 0, 1), (lengths, 0),
+                            (vis, 0, 1, 2), (cols, 0), (nodes, 0))
         logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
-        rows = lengths[:, None] + torch.arange(T, device=self.device)                  # [B, T]
-        self.cache.write(slots_t, rows, k, v)
+        self.cache.write(self._rows(slots, lengths, T), k, v)
         return logits[:R], feats
 
     def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
@@ -154,14 +159,34 @@ class ModelRunner:
         if C < 2:  # pad the context to >= 2 rows (masked out by ctx_len)
             ctx = torch.cat([ctx, ctx.new_zeros(B, 2 - C, ctx.shape[2])], 1)
             ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
-        slots_t = torch.tensor(slots, device=self.device)
-        cols = torch.arange(_at_least_2(int(past_len.max())), device=self.device)
-        args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1), (slots_t, 0),
-                            (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
+        S = _at_least_2(int(past_len.max()))
+        cols = torch.arange(S, device=self.device)
+        args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
+                            (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
         logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
-        rows = past_len[:, None] + torch.arange(ctx.shape[1], device=self.device)      # [B, C]
-        self.draft_cache.write(slots_t, rows, k, v)
+        self.draft_cache.write(self._rows(slots, past_len, ctx.shape[1]), k, v)
         return logprobs
+
+    def _table(self, slots: list[int], rows: int) -> torch.Tensor:
+        """The page table of `slots` covering logical rows < rows: [B, >= 2] (null page past theirs)."""
+        n = _at_least_2(self.blocks.pages_for(rows))
+        return torch.from_numpy(self.blocks.table[slots, :n]).to(self.device)
+
+    def _rows(self, slots: list[int], start: torch.Tensor, n: int) -> torch.Tensor:
+        """Physical rows [B, n] of logical rows start[b] .. start[b]+n-1 (past a slot's pages: the null page)."""
+        logical = start.cpu().numpy()[:, None] + np.arange(n)
+        return torch.from_numpy(self.blocks.rows(slots, logical)).to(self.device)
+
+    def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:
+        """Copy logical rows src -> dst (same slot) in the target cache: a round's accepted nodes to
+        their final rows; entries with src == dst are skipped."""
+        moves = [(s, a, b) for s, a, b in zip(slots, src, dst) if a != b]
+        if not moves:
+            return
+        s, a, b = (np.array(x) for x in zip(*moves))
+        rows = self.blocks.rows(s, np.stack([a, b], 1))                                   # [M, 2]
+        idx = torch.from_numpy(rows).to(self.device)
+        self.cache.move(idx[:, 0], idx[:, 1])
 
     # ------------------------------------------------------------------ compile up front
     def buckets(self, max_batch_size: int, max_tokens: int, block_size: int) -> list[tuple[str, int, int]]:

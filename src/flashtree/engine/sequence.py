@@ -52,8 +52,11 @@ class Sequence:
     auto: bool = False                # budget="auto": each round verifies a chosen prefix of its tree
     options: dict = field(default_factory=dict)  # method-specific settings (e.g. ngram's n-gram sizes)
     output_ids: list[int] = field(default_factory=list)
-    slot: int = -1
+    slot: int = -1                    # its row of the page table while admitted (-1 while waiting)
     length: int = 0                   # tokens in the target KV cache (= committed - 1: bonus is not)
+    prefilled: int = 0                # tokens of `cache_ids` computed (or adopted from the prefix cache)
+    chunk: int = 0                    # prompt tokens this step's prefill computes (the scheduler's choice)
+    decoding: bool = False            # the prefill is done: the sequence runs rounds
     finish_reason: str | None = None  # None while running; "stop" | "length" | "abort" | "error"
     error: str | None = None          # why it failed, when finish_reason == "error"
     text_end: int | None = None       # where a stop string cut the text
@@ -64,6 +67,12 @@ class Sequence:
     @property
     def bonus(self) -> int:
         return self.output_ids[-1]
+
+    @property
+    def cache_ids(self) -> list[int]:
+        """The tokens whose K/V the target cache holds once caught up: the prompt and every output
+        token but the last (the bonus, fed next round). A preempted sequence is prefilled from these."""
+        return self.prompt_ids + self.output_ids[:-1]
 
     @property
     def finished(self) -> bool:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
-from .layers import MLP, Attention, RMSNorm, Rotary
+from .layers import MLP, Attention, RMSNorm, Rotary, page_rows
 
 
 class DrafterLayer(nn.Module):
@@ -56,21 +56,21 @@ class DFlashDrafter(nn.Module):
         [B, C]; keys are [context, block] under `mask` [B, 1, K, C+K]. Returns [B, K, H]."""
         return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, mask, None)[0]
 
-    def forward_cached(self, block_embeds, block_pos, ctx_feats, ctx_pos, k_cache, v_cache, slots,
+    def forward_cached(self, block_embeds, block_pos, ctx_feats, ctx_pos, k_cache, v_cache, table, page_size: int,
                        past_len, ctx_len, block_len, cols):
         """One drafting pass against the drafter's context cache, reading it only.
 
         ctx_feats [B, C, n*H] are the features of context tokens not cached yet (their K/V are
         returned for the caller to write at rows past_len .. past_len+C-1); the block sees cached
-        rows < past_len[b] ([S] = cols), context rows < ctx_len[b] and block rows < block_len[b]
+        rows < past_len[b] (logical rows cols [S], read through the page table [B, pages]), context rows < ctx_len[b] and block rows < block_len[b]
         (non-causal). Returns (hidden [B, K, H], k_ctx, v_ctx [L, B, C, Hkv, D])."""
         B, K = block_pos.shape
         seen = cols[None, :] < past_len[:, None]                                   # [B, S]
         fresh = torch.arange(ctx_feats.shape[1], device=cols.device)[None, :] < ctx_len[:, None]
         own = torch.arange(K, device=cols.device)[None, :] < block_len[:, None]
         mask = torch.cat([seen, fresh, own], dim=1)[:, None, None, :].expand(B, 1, K, -1)  # [B, 1, K, S+C+K]
-        S = cols.shape[0]
-        past = [(k_cache[i][slots, :S], v_cache[i][slots, :S]) for i in range(len(self.layers))]
+        rows = page_rows(table, cols, page_size)                                    # [B, S]
+        past = [(k_cache[i][rows], v_cache[i][rows]) for i in range(len(self.layers))]
         return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, mask, past)
 
     def _run(self, block_embeds, block_pos, ctx_feats, ctx_pos, mask, past):

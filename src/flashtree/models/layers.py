@@ -71,6 +71,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, :, None] + rotated * sin[:, :, None]
 
 
+def page_rows(table: torch.Tensor, cols: torch.Tensor, page_size: int) -> torch.Tensor:
+    # logical cache row c of sequence b lives at physical row table[b, c // P] * P + c % P
+    # table [B, pages]; cols [S] = arange(S) -> [B, S]
+    return table[:, cols // page_size] * page_size + cols % page_size
+
+
 class Attention(nn.Module):
     """Projections and SDPA for grouped-query attention; the caller decides where K/V come from."""
 

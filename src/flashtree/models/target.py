@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .layers import MLP, Attention, RMSNorm, Rotary
+from .layers import MLP, Attention, RMSNorm, Rotary, page_rows
 
 
 class DecoderLayer(nn.Module):
@@ -63,20 +63,20 @@ class TargetModel(nn.Module):
         x, features, _, _ = self._run(input_ids, positions, feature_layers, mask, None)
         return x, features
 
-    def forward_cached(self, input_ids, positions, k_cache, v_cache, slots, lengths, vis, cols,
+    def forward_cached(self, input_ids, positions, k_cache, v_cache, table, page_size: int, lengths, vis, cols,
                        feature_layers: tuple[int, ...] = ()):
-        """New tokens against a KV cache, reading it only (the caller writes the returned K/V).
+        """New tokens against a paged KV cache, reading it only (the caller writes the returned K/V).
 
-        input_ids, positions [B, T]; k_cache, v_cache [L, slots, capacity, Hkv, D]; slots [B];
-        lengths [B]: sequence b sees its cached rows < lengths[b]; vis [B, T, T] bool: new token
-        t sees new token j (a tree's ancestors and itself); cols [S] = arange(S), S >= max
-        length: the cached rows read. Returns (hidden [B, T, H], features or None,
-        k_new, v_new [L, B, T, Hkv, D])."""
+        input_ids, positions [B, T]; k_cache, v_cache [L, rows, Hkv, D] (pages of page_size
+        rows); table [B, pages]: each sequence's pages; lengths [B]: sequence b sees its cached
+        rows < lengths[b]; vis [B, T, T] bool: new token t sees new token j (a tree's ancestors
+        and itself); cols [S] = arange(S), S >= max length: the logical rows read. Returns
+        (hidden [B, T, H], features or None, k_new, v_new [L, B, T, Hkv, D])."""
         B, T = input_ids.shape
         seen = (cols[None, :] < lengths[:, None])[:, None, :].expand(B, T, cols.shape[0])  # [B, T, S]
         mask = torch.cat([seen, vis], dim=2)[:, None]                                    # [B, 1, T, S+T]
-        S = cols.shape[0]
-        past = [(k_cache[i][slots, :S], v_cache[i][slots, :S]) for i in range(len(self.model.layers))]
+        rows = page_rows(table, cols, page_size)                                          # [B, S]
+        past = [(k_cache[i][rows], v_cache[i][rows]) for i in range(len(self.model.layers))]
         return self._run(input_ids, positions, feature_layers, mask, past)
 
     def _run(self, input_ids, positions, feature_layers, mask, past):

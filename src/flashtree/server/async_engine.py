@@ -141,7 +141,9 @@ class AsyncEngine:
         self._live: dict[Sequence, _Live] = {}
         self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
         self._thread = threading.Thread(target=self._run, name="flashtree-engine", daemon=True)
-        metrics.kv_slots_total.set(self.engine.cache.num_slots)
+        metrics.kv_slots_total.set(self.engine.blocks.num_slots)
+        metrics.kv_pages_total.set(self.engine.blocks.num_pages - 1)  # the null page holds nothing
+        self._counted = (0, 0)  # (prefix-cache hit tokens, preemptions) already recorded
 
     # ------------------------------------------------------------ called from the event loop
     def start(self) -> None:
@@ -357,7 +359,12 @@ class AsyncEngine:
         m, e = self.metrics, self.engine
         m.queue_depth.set(len(e.waiting))
         m.running.set(len(e.running))
-        m.kv_slots_used.set(e.cache.num_slots - e.cache.free_slots)
+        m.kv_slots_used.set(e.blocks.num_slots - e.blocks.free_slots)
+        m.kv_pages_used.set(e.blocks.used)
+        hits, preempts = e.scheduler.prefix_hit_tokens, e.scheduler.preemptions
+        m.prefix_hit_tokens.inc(hits - self._counted[0])
+        m.preemptions.inc(preempts - self._counted[1])
+        self._counted = (hits, preempts)
 
 
 def _cost(seq: Sequence) -> int:

@@ -73,11 +73,10 @@ class DecodeBatchLog:
         return stats
 
     def stats(self, engine, seconds: float) -> dict:
-        capacity = engine.config.max_batch_size * engine.max_model_len  # token rows the KV cache serves
-        used = sum(s.length for s in engine.running)
+        blocks = engine.blocks  # KV pages held by requests, of all (the null page aside)
         methods = "+".join(m for m, _ in self.methods.most_common()) or self.default_method
         return {"running": len(engine.running), "waiting": len(engine.waiting),
-                "kv_used_pct": 100.0 * used / max(capacity, 1),
+                "kv_used_pct": 100.0 * blocks.used / (blocks.num_pages - 1),
                 "accept_len": self.accepted / self.rounds if self.rounds else 0.0,
                 "gen_throughput": self.tokens / max(seconds, 1e-9), "method": methods,
                 "interval_s": round(seconds, 3)}

@@ -45,6 +45,12 @@ class ServerMetrics:
         self.running = Gauge("flashtree_running_requests", "Requests in the running batch", registry=r)
         self.kv_slots_used = Gauge("flashtree_kv_slots_used", "KV cache slots held by requests", registry=r)
         self.kv_slots_total = Gauge("flashtree_kv_slots_total", "KV cache slots", registry=r)
+        self.kv_pages_total = Gauge("flashtree_kv_pages_total", "KV cache pages (page_size tokens each)", registry=r)
+        self.kv_pages_used = Gauge("flashtree_kv_pages_used", "KV cache pages held by requests", registry=r)
+        self.prefix_hit_tokens = Counter("flashtree_prefix_cache_hit_tokens", "Prompt tokens not computed: "
+                                         "their KV pages were in the prefix cache", registry=r)
+        self.preemptions = Counter("flashtree_preemptions", "Requests sent back to the queue because KV pages ran "
+                                   "out (recomputed when readmitted)", registry=r)
         self.ttft = Histogram("flashtree_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY,
                               registry=r)
         self.itl = Histogram("flashtree_inter_token_latency_seconds", "Time per output token after the first "

@@ -327,14 +327,14 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
     from ..sampling_params import SamplingParams
     from .tree import chain_tree
 
-    free = engine.cache.free_slots
+    free = engine.blocks.free_slots
     if not free:
         return
     batches = sorted({1, min(free, engine.config.max_batch_size)})
     widest = min(max(tokens), engine.auto_budget + 1, engine.max_model_len - 1)
     ctx = max(1, min(16, engine.max_model_len - widest))
     widths = sorted({t for t in tokens if t <= widest} | {widest})
-    slots = [engine.cache.allocate() for _ in range(batches[-1])]
+    slots = [engine.blocks.allocate() for _ in range(batches[-1])]
     sync = (lambda: torch.cuda.synchronize(engine.device)) if engine.device.type == "cuda" else (lambda: None)
     temp: list[Sequence] = []
 
@@ -371,6 +371,7 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
 
                     def draft(seqs=seqs):  # the drafter pass and the trees built from it, as a round does
                         for b, s in enumerate(seqs):  # a few fresh context rows, within the dummy context
+                            engine.drafts.release(s)
                             engine.drafts.on_prefill(s, feats[b, :min(3, ctx, feats.shape[1])])
                         out = engine.drafts.run(seqs)
                         for s in seqs:
@@ -380,4 +381,4 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
         for s in temp:
             engine.drafts.release(s)
         for slot in reversed(slots):  # the free list ends up in its original order
-            engine.cache.free(slot)
+            engine.blocks.free(slot)

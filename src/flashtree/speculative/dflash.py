@@ -79,8 +79,17 @@ class DFlashDrafts:
                 for b, s in enumerate(seqs)}
 
     def on_prefill(self, seq: Sequence, feats: torch.Tensor) -> None:
-        self.pending[seq] = feats
+        """A prefill chunk is in the target cache: queue its tokens' features (a prompt prefilled
+        in chunks arrives in order; tokens before the first chunk came from the prefix cache,
+        whose drafter rows are written)."""
+        old = self.pending.get(seq)
+        self.pending[seq] = feats if old is None else torch.cat([old, feats])
         self.fed.pop(seq, None)
+
+    def cached_rows(self, seq: Sequence) -> int | None:
+        """Rows of seq's drafter context cache that are written (None: not a drafter sequence)."""
+        p = self.pending.get(seq)
+        return None if p is None else seq.length - p.shape[0]
 
     def on_commit(self, seq: Sequence, feats: torch.Tensor) -> None:
         """Drop the rows the round's pass put in the cache; queue the committed tokens' features."""

@@ -1,0 +1,125 @@
+"""The paged KV cache in the engine: prefix caching, chunked prefill, preemption, capacity errors.
+
+Every check compares against the same engine with the feature off (or at C=1): greedy outputs
+must be identical token for token, and the feature must demonstrably have acted (hits counted,
+chunks run, preemptions happened) — else the comparison proves nothing.
+"""
+import random
+
+import pytest
+
+from flashtree import SamplingParams
+from flashtree.engine.engine import Engine, EngineConfig
+from flashtree.errors import UserError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+def engine(models, **kw):
+    target, drafter = models
+    kw = {"max_model_len": 160, "page_size": 4, **kw}
+    return Engine(target, drafter, EngineConfig(**kw))
+
+
+def drain(eng, prompts, params=GREEDY, method=None, per_step=None):
+    """Run prompts to completion; per_step(eng, events) is called after every step."""
+    seqs = [eng.add_request(p, params, method=method) for p in prompts]
+    while eng.has_work():
+        events = eng.step()
+        if per_step:
+            per_step(eng, events)
+    assert eng.blocks.free_slots == eng.blocks.num_slots and eng.blocks.used == 0  # every page back
+    return [s.output_ids for s in seqs]
+
+
+def shared_prefix_prompts(n, prefix_len=37, seed=0):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(95) for _ in range(prefix_len)]
+    return [prefix + [rng.randrange(95) for _ in range(rng.randint(1, 9))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("method", ["ar", "dflash", "ddtree", "hybrid"])
+def test_prefix_hits_across_requests_with_different_suffixes_change_no_token(models, method):
+    prompts = shared_prefix_prompts(6)
+    cold = drain(engine(models, enable_prefix_caching=False, method=method), prompts)
+    eng = engine(models, method=method)
+    warm = [drain(eng, [p])[0] for p in prompts]  # one at a time: each later request can hit the earlier pages
+    assert warm == cold
+    # requests 2..6 each reuse the 9 full pages (36 tokens) of the shared prefix
+    assert eng.scheduler.prefix_hit_tokens == 5 * 36, eng.scheduler.prefix_hit_tokens
+    assert drain(eng, prompts) == cold  # and all at once, with the pages cached from before
+
+
+def test_drafter_requests_do_not_reuse_pages_whose_drafter_rows_were_never_written(models):
+    """An ar request fills the target rows only; a ddtree request after it must prefill the
+    prefix again (its drafter context would be missing) — and a second one then hits."""
+    prompts = shared_prefix_prompts(3)
+    cold = drain(engine(models, enable_prefix_caching=False), prompts[1:], method="ddtree")
+    eng = engine(models)
+    drain(eng, prompts[:1], method="ar")
+    assert drain(eng, prompts[1:2], method="ddtree") == cold[:1]
+    assert eng.scheduler.prefix_hit_tokens == 0
+    assert drain(eng, prompts[2:], method="ddtree") == cold[1:]
+    assert eng.scheduler.prefix_hit_tokens == 36
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token(models):
+    prompt = shared_prefix_prompts(1, prefix_len=40)[0][:40]  # 10 full pages exactly
+    eng = engine(models)
+    first = drain(eng, [prompt])
+    assert drain(eng, [prompt]) == first
+    assert eng.scheduler.prefix_hit_tokens == 36  # 9 pages: the 10th holds the token whose logits are needed
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_chunked_prefill_interleaves_with_running_rounds_and_changes_no_token(models, method):
+    rng = random.Random(1)
+    short = [[rng.randrange(95) for _ in range(5)] for _ in range(3)]
+    long = [rng.randrange(95) for _ in range(120)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ref = drain(engine(models, method=method, enable_prefix_caching=False), short + [long], params)
+    eng = engine(models, method=method, max_num_batched_tokens=16, enable_prefix_caching=False)
+    seqs = [eng.add_request(p, params) for p in short]
+    eng.step()  # the short prompts are admitted and decoding
+    seqs.append(eng.add_request(long, params))
+    steps_prefilling, short_tokens = 0, 0
+    while eng.has_work():
+        events = eng.step()
+        if not seqs[-1].decoding:
+            steps_prefilling += 1
+            short_tokens += sum(len(e.new_ids) for e in events if e.seq is not seqs[-1])
+    assert [s.output_ids for s in seqs] == ref
+    assert steps_prefilling >= 120 // 16 - 1  # the long prompt took several steps ...
+    assert short_tokens >= steps_prefilling  # ... and the running streams advanced in each of them
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_preemption_when_pages_run_out_recomputes_and_changes_no_token(models, method):
+    rng = random.Random(2)
+    prompts = [[rng.randrange(95) for _ in range(rng.randint(20, 40))] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    ref = [drain(engine(models, method=method, max_batch_size=1), [p], params)[0] for p in prompts]
+    # room for ~4 prompts + 60 tokens: 6 growing sequences must preempt one another
+    eng = engine(models, method=method, max_batch_size=6, kv_cache_tokens=400, max_budget=16,
+                 enable_prefix_caching=method == "ddtree")
+    assert drain(eng, prompts, params) == ref
+    assert eng.scheduler.preemptions > 0
+
+
+def test_memory_follows_kv_cache_tokens_not_slots_times_context(models):
+    eng = engine(models, max_batch_size=64, max_model_len=2048, kv_cache_tokens=16384, page_size=16)
+    rows = eng.runner.cache.k.shape[1]
+    assert rows == 16384 + 16  # the pages asked for, plus the null page
+    assert eng.blocks.capacity_tokens == 16384
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(kv_cache_tokens=100), "kv_cache_tokens=100 cannot hold one sequence"),
+    (dict(page_size=0), "page_size must be an integer in [1, 1024]"),
+    (dict(kv_cache_tokens=0), "kv_cache_tokens must be a positive integer"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be a positive integer"),
+])
+def test_out_of_range_cache_options_are_refused_at_start(models, kw, msg):
+    with pytest.raises(UserError) as e:
+        engine(models, **kw)
+    assert msg in str(e.value)
