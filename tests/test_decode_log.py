@@ -19,6 +19,7 @@ import pytest
 from flashtree import LLM
 from flashtree.cli import main
 from flashtree.exactness import target_drafts
+from flashtree.engine.block_manager import BlockManager
 from flashtree.server.app import create_app
 from flashtree.server.logs import DecodeBatchLog, JsonFormatter, configure_logging
 from serving import Running, free_port, wait_for
@@ -60,8 +61,13 @@ def recorder():
 
 # ------------------------------------------------------------------------------------ the window
 def _engine(running=(), waiting=0, batch=4, max_len=100):
+    """An engine's queues, and a real block manager whose pages hold the running sequences' rows
+    (two-token pages: kv used = rows held / batch * max_len)."""
+    blocks = BlockManager(batch * max_len // 2 + 1, 2, batch, max_len)
+    for n in running:
+        assert blocks.reserve(blocks.allocate(), n)
     return SimpleNamespace(running=[SimpleNamespace(length=n) for n in running], waiting=[None] * waiting,
-                           config=SimpleNamespace(max_batch_size=batch), max_model_len=max_len)
+                           config=SimpleNamespace(max_batch_size=batch), max_model_len=max_len, blocks=blocks)
 
 
 def test_line_format_and_values_over_the_interval(recorder):

@@ -126,3 +126,22 @@ def test_env_captures_a_cuda_graph(capsys):
     c = env_json(capsys, "--device", "cuda")["compiled"]
     assert c["cuda_graphs"]["works"] is True, c["cuda_graphs"]
     assert c["attention"]["dtype"] in ("bfloat16", "float16")
+
+
+@pytest.mark.parametrize("argv, kw", [((), {}), (("--kv-cache-tokens", 5000, "--page-size", 8),
+                                                  dict(kv_cache_tokens=5000, page_size=8))])
+def test_env_kv_capacity_is_what_llm_allocates(pair, capsys, argv, kw):
+    from flashtree import LLM
+    target, draft = pair
+    kv = env_json(capsys, "--model", target, "--draft", draft, *argv)["kv_cache"]
+    llm = LLM(model=target, draft=draft, compile=False, **kw)
+    blocks, runner = llm.engine.blocks, llm.engine.runner
+    assert kv["error"] is None and kv["kv_cache_tokens"] == blocks.capacity_tokens
+    assert (kv["page_size"], kv["pages"]) == (blocks.page_size, blocks.num_pages - 1)
+    assert kv["mib"] == round((runner.cache.nbytes + runner.draft_cache.nbytes) / 2**20, 1)
+
+
+def test_env_says_when_the_kv_cache_cannot_hold_one_sequence(pair, capsys):
+    target, draft = pair
+    kv = env_json(capsys, "--model", target, "--draft", draft, "--kv-cache-tokens", 100)["kv_cache"]
+    assert "kv_cache_tokens=100 cannot hold one sequence" in kv["error"]

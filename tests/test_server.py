@@ -73,12 +73,14 @@ def client(server):
 # ------------------------------------------------------------------------------------ basics
 def test_models_health_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    assert httpx.get(server.base + "/health").json() == {"status": "ok"}
+    health = httpx.get(server.base + "/health").json()
+    assert health["status"] == "ok" and health["kv_cache_tokens"] > 0 and health["kv_pages_used"] == 0
     assert httpx.get(server.base + "/v1/models/tiny").json()["max_model_len"] == CONTEXT
     text = httpx.get(server.base + "/metrics").text
     for name in ("flashtree_spec_accepted_tokens_total", "flashtree_spec_rounds_total", "flashtree_queue_depth",
                  "flashtree_running_requests", "flashtree_kv_slots_used", "flashtree_time_to_first_token_seconds",
-                 "flashtree_inter_token_latency_seconds", "flashtree_prompt_tokens_total"):
+                 "flashtree_inter_token_latency_seconds", "flashtree_prompt_tokens_total", "flashtree_kv_pages_total",
+                 "flashtree_kv_pages_used", "flashtree_prefix_cache_hit_tokens_total", "flashtree_preemptions_total"):
         assert name in text
 
 

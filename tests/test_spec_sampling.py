@@ -73,6 +73,22 @@ COMPILED = [Cell("ddtree", 6, SamplingParams(temperature=1.0, top_k=5, top_p=0.9
             Cell("dflash", None, SamplingParams(temperature=0.7, min_p=0.05), 20000, "target", compile=True)]
 
 
+PAGED = [Cell("ddtree", 6, SamplingParams(temperature=1.0, top_k=5, top_p=0.9), 20000, page_size=2),
+         Cell("dflash", None, SamplingParams(temperature=1.5, top_k=4, top_p=0.9, min_p=0.05), 20000, page_size=2)]
+
+
+@pytest.mark.parametrize("cell", PAGED, ids=lambda c: c.label() + " page_size=2")
+def test_samples_through_shared_prefix_pages_match_exact_distribution(pair, cell):
+    """Two-token pages: every run admitted after the first batch reads the prompt's first page
+    (target and drafter rows) from the prefix cache, and its tree writes cross page boundaries.
+    The pair's own drafter runs (target-built drafts would leave its context rows unwritten, and
+    then no drafter-based request may reuse the pages)."""
+    run(pair, cell)
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.notes["prefix_hit_tokens"] >= 2 * (cell.n - 512)  # all but the first batch of 512 hit
+    assert cell.notes["mean_accept_length"] > (1.0 if cell.method == "dflash" else 1.2)
+
+
 @pytest.mark.parametrize("cell", COMPILED, ids=Cell.label)
 def test_compiled_runner_samples_match_exact_distribution(pair, cell):
     """The same check with the model runner compiled (torch.compile): exactness holds in that mode too."""

@@ -71,14 +71,17 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
 
 def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | str | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
-                     patch=None, compile: bool = False) -> tuple[Counter, float]:
-    """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau."""
+                     patch=None, compile: bool = False, page_size: int = 16, stats: dict | None = None
+                     ) -> tuple[Counter, float]:
+    """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau.
+    stats, if given, receives the engine's prefix-cache hit tokens (a small page_size makes the
+    prompt's first pages shared by every later run)."""
     # generate a little past n_tokens so the first round's tree is not cut to depth 1
     max_tokens = n_tokens + (drafter.config.block_size - 2 if drafter is not None else 0)
     eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
                                                max_model_len=len(prompt) + max_tokens + 1,
                                                max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
-                                               max_queue=n_samples,
+                                               max_queue=n_samples, page_size=page_size,
                                                compile=compile))
     if patch is not None:
         patch(eng)
@@ -88,6 +91,8 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
     while eng.has_work():
         eng.step()
     taus = [t for s in seqs for t in s.metrics.accept_lengths]
+    if stats is not None:
+        stats["prefix_hit_tokens"] = eng.scheduler.prefix_hit_tokens
     counts = Counter(tuple(s.output_ids[:n_tokens]) for s in seqs)
     return counts, (sum(taus) / len(taus) if taus else 0.0)
 
@@ -187,6 +192,7 @@ class Cell:
     n: int
     drafts: str = "model"  # "model": the pair's drafter; "target": target_drafts (often accepted)
     compile: bool = False  # the engine's model runner compiled (torch.compile) or eager
+    page_size: int = 16    # KV cache page size (small: the prompt's pages are shared via the prefix cache)
     p_value: float = 0.0
     tv: float = 0.0
     tv_limit: float = 0.0
@@ -223,7 +229,8 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     elif cell.drafts != "model":
         raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
     counts, mean_tau = sample_sequences(target, drafter, prompt, cell.params, cell.method, cell.budget,
-                                        cell.n, n_tokens, seed=seed, patch=patch, compile=cell.compile)
+                                        cell.n, n_tokens, seed=seed, patch=patch, compile=cell.compile,
+                                        page_size=cell.page_size, stats=cell.notes)
     cell.notes["mean_accept_length"] = mean_tau
     cell.p_value = chi_square_pooled(counts, exact, cell.n)
     cell.tv = total_variation(counts, exact, cell.n)

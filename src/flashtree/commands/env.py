@@ -40,20 +40,50 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    kv = {"kv_cache_tokens": args.kv_cache_tokens, "page_size": args.page_size,
+          "enable_prefix_caching": args.enable_prefix_caching, "max_num_batched_tokens": args.max_num_batched_tokens}
     report = collect(args.model, args.draft, args.device,
-                     compile_timeout=args.probe_timeout if args.probe_compile else None)
+                     compile_timeout=args.probe_timeout if args.probe_compile else None, kv_options=kv)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
 # ---------------------------------------------------------------------------- collection
 def collect(model: str | None = None, draft: str | None = None, device: str = "auto",
-            compile_timeout: float | None = None) -> dict:
+            compile_timeout: float | None = None, kv_options: dict | None = None) -> dict:
     """compile_timeout: seconds for the torch.compile probe; None skips it (the slow one)."""
     pair = model_pair(model, draft)
     dev = device_info(device)
     return {"versions": versions(), "platform": platform_info(), "device": dev,
-            "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout), **pair}
+            "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
+            "kv_cache": kv_cache(pair["pair"], kv_options or {}), **pair}
+
+
+def kv_cache(pair: dict, options: dict) -> dict:
+    """The paged KV cache `LLM(**options)` would allocate for this pair (float32): capacity in
+    tokens, pages, bytes (target + drafter context), and what one sequence may need."""
+    from ..engine.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
+    t, d = pair["target"], pair["drafter"]
+    if t["error"]:
+        return {"error": t["error"]}
+    from ..errors import UserError
+    try:
+        cfg = EngineConfig(**{k: v for k, v in options.items() if v is not None})
+    except UserError as e:
+        return {"error": str(e)}
+    drafter = d if d is not None and not d["error"] else None
+    per_seq, tokens = kv_cache_plan(cfg, t["max_position_embeddings"], drafter["block_size"] if drafter else 0)
+    if tokens < per_seq:
+        return {"error": f"kv_cache_tokens={tokens} cannot hold one sequence at the context limit ({per_seq} "
+                         f"tokens with one round's tree): LLM() refuses it"}
+    row = 2 * 4 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V, float32
+    if drafter:
+        row += 2 * 4 * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
+    pages = -(-tokens // cfg.page_size)
+    return {"error": None, "kv_cache_tokens": pages * cfg.page_size, "page_size": cfg.page_size, "pages": pages,
+            "mib": round((pages + 1) * cfg.page_size * row / 2**20, 1), "per_sequence_tokens": per_seq,
+            "max_batch_size": cfg.max_batch_size, "prefix_caching": cfg.enable_prefix_caching,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS}
 
 
 def versions() -> dict[str, str | None]:
@@ -332,7 +362,8 @@ def describe_drafter(path: Path, target_dir: Path) -> dict:
         c = DrafterConfig.from_dir(path)
         out.update(block_size=c.block_size, num_hidden_layers=c.layers.num_hidden_layers,
                    target_layer_ids=list(c.target_layer_ids), mask_token_id=c.mask_token_id,
-                   hidden_size=c.layers.hidden_size)
+                   hidden_size=c.layers.hidden_size, num_key_value_heads=c.layers.num_key_value_heads,
+                   head_dim=c.layers.head_dim)
         out["params"], out["weights_dtype"] = _params(path)
         c.check_pair(ModelConfig.from_dir(target_dir))
     except (ValueError, OSError) as e:
@@ -357,6 +388,13 @@ def render(r: dict) -> str:
                             for k, v in r["methods"].items()]
     avail = [k for k, v in r["sampling"].items() if v["available"]]
     lines += ["sampling", f"  {', '.join(avail) if avail else 'none (no usable target)'}"]
+    kv = r["kv_cache"]
+    lines += ["kv cache", f"  {'error':<18} {kv['error']}"] if kv["error"] else [
+        "kv cache", f"  {'capacity':<18} {kv['kv_cache_tokens']:,} tokens in {kv['pages']:,} pages of "
+        f"{kv['page_size']} ({kv['mib']} MiB, float32; --kv-cache-tokens, --page-size)",
+        f"  {'per sequence':<18} up to {kv['per_sequence_tokens']:,} tokens (the context limit + one round's tree)",
+        f"  {'prefix caching':<18} {'on' if kv['prefix_caching'] else 'off'}; prompts prefilled "
+        f"{kv['max_num_batched_tokens']} tokens a step"]
     p = r["pair"]
     lines.append("model pair" + (" (bundled)" if p["bundled"] else ""))
     lines += _describe("target", p["target"], ("model_type", "params", "weights_dtype", "vocab_size",

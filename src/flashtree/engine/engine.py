@@ -86,6 +86,15 @@ class EngineConfig:
                             f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}), got {self.max_num_batched_tokens!r}")
 
 
+def kv_cache_plan(config: EngineConfig, max_model_len: int, drafter_block_size: int) -> tuple[int, int]:
+    """(the most cache rows one sequence may need, the KV capacity in tokens) for these options:
+    a sequence at the context limit plus one round's largest tree; by default room for
+    max_batch_size such sequences."""
+    slack = max(config.max_budget, drafter_block_size, config.draft_len) + 1
+    capacity = max_model_len + slack
+    return capacity, config.kv_cache_tokens or config.max_batch_size * capacity
+
+
 def _int_in(x, lo: int, hi: int | None = None) -> bool:
     return not isinstance(x, bool) and isinstance(x, int) and lo <= x and (hi is None or x <= hi)
 
@@ -164,14 +173,13 @@ class Engine:
             self.check_budget(self.default_budget)
         self.default_topk = self.check_topk(config.topk, self.nodes_of(self.default_budget)) \
             if config.topk is not None else None
-        slack = max(config.max_budget, self.drafter_block_size, config.draft_len) + 1  # room for one round's tree
-        self.capacity = self.max_model_len + slack  # the most cache rows one sequence may need
+        self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size)
         P = config.page_size
-        kv_tokens = config.kv_cache_tokens or config.max_batch_size * self.capacity
         if kv_tokens < self.capacity:
             raise UserError(f"kv_cache_tokens={kv_tokens} cannot hold one sequence at the context limit: "
-                            f"max_model_len {self.max_model_len} + {slack} rows for one round's draft tree = "
-                            f"{self.capacity} tokens; raise kv_cache_tokens or lower max_model_len")
+                            f"max_model_len {self.max_model_len} + {self.capacity - self.max_model_len} rows for "
+                            f"one round's draft tree = {self.capacity} tokens; raise kv_cache_tokens or lower "
+                            f"max_model_len")
         # pages (plus the null page); a slot's table is wide enough for a batch padded past its end
         self.blocks = BlockManager(-(-kv_tokens // P) + 1, P, config.max_batch_size, -(-2 * self.capacity // P) + 1,
                                    config.enable_prefix_caching)
