@@ -103,7 +103,11 @@ class BlockManager:
         return True
 
     def trim(self, slot: int, rows: int) -> None:
-        """Let go of the slot's pages past those covering rows [0, rows)."""
+        """Let go of the slot's pages past those covering rows [0, rows). Rows of a named page
+        are committed (and may be shared): a cut inside one is refused."""
+        if rows % self.page_size and rows // self.page_size < len(self.hashes[slot]):
+            raise ValueError(f"trim to row {rows} cuts into named (committed, maybe shared) page "
+                             f"{rows // self.page_size} of slot {slot}")
         keep = self.pages_for(rows)
         pages = self.pages[slot]
         while len(pages) > keep:
