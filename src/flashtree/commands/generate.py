@@ -45,7 +45,7 @@ def add_model_arguments(p) -> None:
                    default=True, help="reuse the KV pages of a prompt prefix seen before (default: on)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
-                        "the running requests' rounds (default 512)")
+                        "the running requests' rounds (default 256)")
 
 
 def add_sampling_arguments(p) -> None:

@@ -42,7 +42,7 @@ DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between r
 AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 MAX_PAGE_SIZE = 1024
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512  # prompt tokens prefilled per step (benchmarks/paged: chunk gaps)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens prefilled per step: a chunk costs ~3x a round on CPU (benchmarks/paged)
 
 
 @dataclass(slots=True)
