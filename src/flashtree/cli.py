@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flashtree: error: {args._missing}", file=sys.stderr)
         return 2
     try:
+        if getattr(args, "tensor_parallel_size", 1) > 1 and _torchrun_worker(args):
+            return 0
         return int(modules[args.command].run(args) or 0)
     except ValueError as e:
         if not is_user_error(e):
@@ -60,6 +62,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _torchrun_worker(args) -> bool:
+    """Under torchrun, ranks > 0 run the target's shard for rank 0 instead of the command (no port,
+    no output). True when this process was such a rank (and has finished)."""
+    import os
+    from .distributed import tp
+    if not tp.under_torchrun() or int(os.environ["RANK"]) == 0:
+        return False
+    from .llm import BUNDLED_TARGET
+    tp.serve_worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.model or str(BUNDLED_TARGET),
+                    args.dtype, args.device)
+    return True
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class LLM:
                  max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
-                 max_num_batched_tokens: int | None = None):
+                 max_num_batched_tokens: int | None = None, tensor_parallel_size: int = 1):
         if model is None:
             model = BUNDLED_TARGET
             draft = BUNDLED_DRAFTER if draft is None else draft
@@ -60,12 +60,62 @@ class LLM:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
             raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use {free}")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
-        self.target = load_target(model, dtype=dtype, device=device).fuse()
+        tp = self._tensor_parallel(tensor_parallel_size, config, dtype, device)
+        self.target = load_target(model, dtype=dtype, device=device, tp=tp).fuse()
         self.drafter = load_drafter(draft, self.target).fuse() if draft else None
         self.tokenizer = Tokenizer(model)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)
+        if tp is not None:
+            import atexit
+            from .distributed import tp as dtp
+            dtp.init(0, tp.world, self.engine.device, self._init_method)
+            self.engine.runner.attach(dtp.Channel(self.engine.device))
+            atexit.register(self.close)
         self.engine.warmup(progress=sys.stderr.isatty())
+
+    def _tensor_parallel(self, size, config: EngineConfig, dtype, device):
+        """tensor_parallel_size > 1: this process is rank 0; the other ranks are spawned here (or,
+        under torchrun, started by it). Checked before any weights load."""
+        self._workers, self._init_method = [], None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise UserError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
+        if size == 1:
+            return None
+        from .config import ModelConfig
+        from .distributed import tp as dtp
+        from .models.parallel import TPGroup, check_shardable
+        check_shardable(ModelConfig.from_dir(self.model_path), size)
+        if config.compile is True:
+            raise UserError("tensor_parallel_size > 1 runs eager (compiled all-reduces are not supported yet): "
+                            "drop compile=True / --compile")
+        config.compile = False
+        if dtp.under_torchrun():
+            import os
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            if (rank, world) != (0, size):
+                raise UserError(f"under torchrun this process is rank {rank} of {world}; the engine runs on rank 0 "
+                                f"with tensor_parallel_size == WORLD_SIZE ({size} given)")
+        else:
+            self._workers, self._init_method = dtp.spawn_workers(size, self.model_path, dtype, device)
+        return TPGroup(0, size)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (a no-op without tensor parallelism)."""
+        runner = self.engine.runner
+        if runner.channel is not None:
+            from .distributed import tp as dtp
+            try:
+                runner.channel.send(dtp.STOP)
+            except Exception:  # noqa: BLE001 -- a rank already gone: nothing left to stop
+                pass
+            runner.channel = None
+            dtp.leave()
+            for p in self._workers:
+                try:
+                    p.wait(timeout=10)
+                except Exception:  # noqa: BLE001 -- still running after 10 s: stop it
+                    p.kill()
 
     # ------------------------------------------------------------------ helpers
     def _ids(self, prompt: str | list[int]) -> list[int]:

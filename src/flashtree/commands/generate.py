@@ -43,6 +43,9 @@ def add_model_arguments(p) -> None:
     p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV pages of a prompt prefix seen before (default: on)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="shard the target over N ranks (torch.distributed: gloo on CPU, NCCL on CUDA); spawned "
+                        "here, or one per process under torchrun (default 1)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
                         "the running requests' rounds (default 256)")
@@ -82,7 +85,7 @@ def load_llm(args, **kw):
                compile="auto" if getattr(args, "compile", None) is None else args.compile,
                kv_cache_tokens=args.kv_cache_tokens, page_size=args.page_size,
                enable_prefix_caching=args.enable_prefix_caching, max_num_batched_tokens=args.max_num_batched_tokens,
-               **kw)
+               tensor_parallel_size=args.tensor_parallel_size, **kw)
 
 
 def check_topk(args) -> None:

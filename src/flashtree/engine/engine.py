@@ -28,7 +28,7 @@ from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_c
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
 from .block_manager import BlockManager
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, RankLost
 from .round import VerifyInput, pack_trees
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -381,6 +381,8 @@ class Engine:
         finished with "error" and the others go on. Returns [(the seqs, fn's result)]."""
         try:
             return [(seqs, fn(seqs))]
+        except RankLost as e:  # not a request's fault: the engine cannot go on
+            raise EngineFailure(str(e)) from e
         except Exception as e:  # noqa: BLE001 -- isolate, then judge below
             if len(seqs) == 1:
                 self._fail(seqs[0], e)
@@ -389,6 +391,8 @@ class Engine:
         for s in seqs:
             try:
                 out.append(([s], fn([s])))
+            except RankLost as e:
+                raise EngineFailure(str(e)) from e
             except Exception as e:  # noqa: BLE001
                 self._fail(s, e)
         return out

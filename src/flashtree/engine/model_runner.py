@@ -43,6 +43,10 @@ log = logging.getLogger("flashtree.engine")
 COMPILE_CHOICES = ("auto", True, False)
 
 
+class RankLost(RuntimeError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot continue."""
+
+
 def resolve_compile(compile: bool | str, device: torch.device) -> bool:
     """What compile="auto" | True | False means on this machine."""
     if compile not in COMPILE_CHOICES:
@@ -81,6 +85,7 @@ class ModelRunner:
             self.draft_cache = KVCache(lc.num_hidden_layers, rows, lc.num_key_value_heads, lc.head_dim, self.dtype,
                                        self.device)
         self.feature_layers = tuple(feature_layers or ())
+        self.channel = None  # tensor parallel, rank 0: where each forward's inputs go (distributed/tp.py)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self.compiled = resolve_compile(compile, self.device)
         self.warm = False  # every bucket traced (warmup): inputs no longer need dynamic marks
@@ -140,13 +145,24 @@ class ModelRunner:
         R = nodes.shape[0]
         if B * T > 1 and R < 2:  # keep the dynamic row count off dynamo's 0/1 specialisation
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
-        S = _at_least_2(int(lengths.max()))
-        cols = torch.arange(S, device=self.device)
-        args = self._inputs((tokens, 0, 1), (positions, 0, 1), (self._table(slots, S), 0, 1), (lengths, 0),
+        table, rows = self._table(slots, int(lengths.max())), self._rows(slots, lengths, T)
+        if self.channel is not None:  # tensor parallel: the other ranks run the same forward on their shards
+            from ..distributed.tp import TARGET
+            self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
+        logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes)
+        return logits[:R], feats
+
+    def execute_target(self, tokens, positions, table, lengths, vis, rows, nodes=None):
+        """The target forward on physical pages `table` [B, pages], writing the new K/V at physical
+        `rows` [B, T]; logits of the flat indices `nodes` (None: a rank > 0, which needs none)."""
+        if nodes is None:
+            nodes = torch.zeros(2, dtype=torch.long, device=self.device)
+        cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
+        args = self._inputs((tokens, 0, 1), (positions, 0, 1), (table, 0, 1), (lengths, 0),
                             (vis, 0, 1, 2), (cols, 0), (nodes, 0))
         logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
-        self.cache.write(self._rows(slots, lengths, T), k, v)
-        return logits[:R], feats
+        self.cache.write(rows, k, v)
+        return logits, feats
 
     def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
                     slots: list[int], past_len: torch.Tensor, ctx_len: torch.Tensor, block_len: torch.Tensor
@@ -186,7 +202,29 @@ class ModelRunner:
         s, a, b = (np.array(x) for x in zip(*moves))
         rows = self.blocks.rows(s, np.stack([a, b], 1))                                   # [M, 2]
         idx = torch.from_numpy(rows).to(self.device)
+        if self.channel is not None:
+            from ..distributed.tp import MOVE
+            self._send(MOVE, tensors=(idx[:, 0], idx[:, 1]))
         self.cache.move(idx[:, 0], idx[:, 1])
+
+    def attach(self, channel) -> None:
+        """Tensor parallel (rank 0): broadcast every target forward and KV move to the other ranks,
+        starting with the cache layout they allocate."""
+        from ..distributed.tp import INIT
+        self.channel = channel
+        self._send(INIT, ints=(self.blocks.num_pages, self.blocks.page_size))
+
+    def heartbeat(self) -> None:
+        """Tensor parallel: check every rank still answers (raises RankLost if not); else nothing."""
+        if self.channel is not None:
+            from ..distributed.tp import PING
+            self._send(PING)
+
+    def _send(self, op: int, **kw) -> None:
+        try:
+            self.channel.send(op, **kw)
+        except Exception as e:  # a peer's socket closed, or the collective timed out
+            raise RankLost(f"a tensor-parallel rank stopped answering: {e}") from e
 
     # ------------------------------------------------------------------ compile up front
     def buckets(self, max_batch_size: int, max_tokens: int, block_size: int) -> list[tuple[str, int, int]]:

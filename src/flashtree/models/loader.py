@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DrafterConfig, ModelConfig
 from .drafter import DFlashDrafter
 from .layers import rope_inv_freq
+from .parallel import TPGroup, local_config, make_all_reduce, shard_index
 from .target import TargetModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -69,12 +70,13 @@ IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] = (),
-               optional: tuple[str, ...] = ()) -> None:
+               optional: tuple[str, ...] = (), tp: TPGroup | None = None) -> None:
     """Copy tensors from the safetensors files of `path` into `module`, checking names and shapes.
 
     Strict: a tensor the module has no parameter for (an extra or renamed weight) is an error
     naming it, unless its name ends with one of IGNORABLE_SUFFIXES or is listed in `ignorable`;
-    a parameter with no tensor is an error unless listed in `optional`."""
+    a parameter with no tensor is an error unless listed in `optional`. With `tp`, each tensor is
+    read as this rank's shard (`parallel.shard_index`: only that slice leaves the file)."""
     params = dict(module.named_parameters())
     seen: set[str] = set()
     unknown: dict[str, list[str]] = {}
@@ -85,8 +87,14 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
                     if name not in ignorable and not name.endswith(IGNORABLE_SUFFIXES):
                         unknown.setdefault(file.name, []).append(name)
                     continue
-                t = f.get_tensor(name)
                 p = params[name]
+                idx = shard_index(name, tuple(f.get_slice(name).get_shape()), tp) if tp is not None else None
+                if idx is None:
+                    t = f.get_tensor(name)
+                elif idx == "zeros":
+                    t = torch.zeros_like(p)
+                else:
+                    t = f.get_slice(name)[idx]
                 if tuple(t.shape) != tuple(p.shape):
                     raise ConfigError(f"{file}: tensor '{name}' has shape {list(t.shape)}, "
                                       f"the config implies {list(p.shape)}")
@@ -105,19 +113,26 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
         raise ConfigError(f"{path}: weight(s) missing from the safetensors files: {shown}")
 
 
-def load_target(path: str | Path, dtype="auto", device="auto") -> TargetModel:
+def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | None = None) -> TargetModel:
+    """tp: load only rank tp.rank's shard of the target (its heads and intermediate rows); its
+    layers then all-reduce their row-parallel outputs (`parallel.py`)."""
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, path)
     with torch.device("meta"):
-        model = TargetModel(cfg)
+        model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
     model = model.to_empty(device=dev).to(dt)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
     tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
-    load_state(model, path, ignorable=tied, optional=tied)
+    load_state(model, path, ignorable=tied, optional=tied, tp=tp)
+    if tp is not None:
+        model.full_config = cfg
+        reduce = make_all_reduce()
+        for layer in model.model.layers:
+            layer.reduce = reduce
     return model.eval().requires_grad_(False)
 
 

@@ -25,6 +25,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.reduce = _identity  # tensor parallel: the sum of the ranks' partial outputs (parallel.py)
 
     def forward(self, x, cos, sin, mask=None, past: tuple | None = None):
         """past: (K, V) [B, S, Hkv, D] of cached rows, seen before the new tokens' own K/V under
@@ -32,8 +33,12 @@ class DecoderLayer(nn.Module):
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.project(h, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
-        x = x + self.self_attn.attend(q, keys, values, mask, causal=past is None)
-        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+        x = x + self.reduce(self.self_attn.attend(q, keys, values, mask, causal=past is None))
+        return x + self.reduce(self.mlp(self.post_attention_layernorm(x))), k, v
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 class Backbone(nn.Module):
@@ -48,7 +53,8 @@ class Backbone(nn.Module):
 class TargetModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
+        self.config = cfg       # with tensor parallelism: this rank's share (heads, intermediate)
+        self.full_config = cfg  # the checkpoint's config (vocabulary, context, layer count are the same)
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

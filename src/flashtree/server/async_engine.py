@@ -116,6 +116,7 @@ class Submission:
 
 
 SHUTTING_DOWN = "the server is shutting down"
+HEARTBEAT_S = 5.0  # an idle loop wakes this often (tensor parallel: to check every rank still answers)
 
 
 class ShuttingDown(RuntimeError):
@@ -150,9 +151,12 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; then (tensor parallel) stop the other ranks, once no forward can run."""
         if self._thread.is_alive():
             self._inbox.put(("stop",))
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.llm.close()
 
     def drain(self, grace_s: float) -> None:
         """Stop admitting; requests still running after grace_s end with finish_reason "abort"."""
@@ -212,6 +216,11 @@ class AsyncEngine:
                 self.decode_log.tick(self.engine)
             else:
                 self.decode_log.idle()
+                try:  # tensor parallel: a rank that died while idle stops the server now, not at the next request
+                    self.engine.runner.heartbeat()
+                except Exception as e:
+                    self._die(e)
+                    return
             self._gauges()
 
     def _die(self, e: Exception) -> None:
@@ -256,7 +265,7 @@ class AsyncEngine:
     def _commands(self):
         """The pending commands; waits for one only when the engine has nothing to run."""
         try:
-            yield self._inbox.get(block=not self.engine.has_work())
+            yield self._inbox.get(block=not self.engine.has_work(), timeout=HEARTBEAT_S)
             while True:
                 yield self._inbox.get_nowait()
         except queue.Empty:

@@ -1,0 +1,158 @@
+"""Running the target over several ranks: process launch, and rank 0 telling the others what to run.
+
+Rank 0 owns everything a request touches — the scheduler, the block manager, trees, sampling,
+the server. Before each target forward (and each KV move) its model runner broadcasts the
+forward's inputs (`Channel.send`); every other rank runs `serve_worker`: it receives them, runs
+the same forward on its shard of the target (the layers all-reduce inside it) and writes its
+share of the KV cache at the same physical rows. Other ranks never open a port and never see a
+token's text.
+
+Launch: `LLM(tensor_parallel_size=N)` spawns ranks 1..N-1 on this machine (`spawn_workers`);
+under `torchrun` (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set) every rank runs the same
+command and ranks > 0 become workers (`cli.py`). Backend: NCCL on CUDA, gloo on CPU. A rank that
+dies or stops answering makes rank 0's next collective fail within `timeout_s`: the engine
+stops, the server reports unhealthy and exits.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("flashtree.distributed")
+
+INIT, TARGET, MOVE, STOP, PING = 1, 2, 3, 4, 5
+_DTYPES = [torch.int64, torch.bool, torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32]
+HEADER = 64  # int64 slots: op, n tensors, then (dtype code, ndim, 3 dims) per tensor, then op ints
+MAX_TENSORS = 10
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(rank: int, world: int, device: torch.device, init_method: str | None = None, timeout_s: float = 60.0):
+    """Join the process group (env:// under torchrun, else init_method). On CPU each rank takes its
+    share of the cores (ranks spinning on the same cores slow every all-reduce down)."""
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(device), init_method=init_method or "env://", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def leave() -> None:
+    """Leave the process group (a later LLM may form a new one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Channel:
+    """Rank 0 -> all: one op, a few ints and up to MAX_TENSORS tensors (each <= 3-D), by broadcast."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def send(self, op: int, ints: tuple[int, ...] = (), tensors: tuple[torch.Tensor, ...] = ()) -> None:
+        head = torch.zeros(HEADER, dtype=torch.int64)
+        head[0], head[1] = op, len(tensors)
+        for i, t in enumerate(tensors):
+            head[2 + 5 * i: 4 + 5 * i] = torch.tensor([_DTYPES.index(t.dtype), t.dim()])
+            head[4 + 5 * i: 4 + 5 * i + t.dim()] = torch.tensor(t.shape)
+        base = 2 + 5 * MAX_TENSORS
+        head[base: base + len(ints)] = torch.tensor(ints, dtype=torch.int64)
+        dist.broadcast(head.to(self.device), 0)
+        for t in tensors:
+            dist.broadcast(_wire(t.to(self.device).contiguous()), 0)
+
+    def recv(self) -> tuple[int, list[int], list[torch.Tensor]]:
+        head = torch.zeros(HEADER, dtype=torch.int64, device=self.device)
+        dist.broadcast(head, 0)
+        head = head.cpu()
+        op, n = int(head[0]), int(head[1])
+        out = []
+        for i in range(n):
+            dtype, ndim = _DTYPES[int(head[2 + 5 * i])], int(head[3 + 5 * i])
+            shape = head[4 + 5 * i: 4 + 5 * i + ndim].tolist()
+            t = torch.empty(shape, dtype=torch.uint8 if dtype == torch.bool else dtype, device=self.device)
+            dist.broadcast(t, 0)
+            out.append(t.bool() if dtype == torch.bool else t)
+        base = 2 + 5 * MAX_TENSORS
+        return op, head[base:].tolist(), out
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.uint8) if t.dtype == torch.bool else t
+
+
+def serve_worker(rank: int, world: int, model: str, dtype: str, device: str, init_method: str | None = None,
+                 timeout_s: float = 60.0) -> None:
+    """A rank > 0: load this rank's shard, then run every forward rank 0 sends until it says stop
+    (or goes away)."""
+    from ..engine.block_manager import BlockManager
+    from ..engine.model_runner import ModelRunner
+    from ..models.loader import load_target, resolve_device
+    from ..models.parallel import TPGroup
+    dev = resolve_device(device)
+    target = load_target(model, dtype=dtype, device=dev, tp=TPGroup(rank, world)).fuse()
+    init(rank, world, dev, init_method, timeout_s)
+    channel = Channel(dev)
+    op, ints, _ = channel.recv()
+    if op != INIT:
+        raise RuntimeError(f"rank {rank}: expected the cache layout first, got op {op}")
+    num_pages, page_size = ints[0], ints[1]
+    blocks = BlockManager(num_pages, page_size, 1, 2)  # the layout only: rank 0 decides every page
+    runner = ModelRunner(target, None, blocks, None, compile=False)
+    log.info("rank %d/%d ready: %d KV pages of %d", rank, world, num_pages, page_size)
+    try:
+        with torch.inference_mode():
+            while True:
+                op, ints, t = channel.recv()
+                if op == TARGET:
+                    runner.execute_target(*t)
+                elif op == MOVE:
+                    runner.cache.move(t[0], t[1])
+                elif op == STOP:
+                    return
+                elif op == PING:
+                    continue
+                else:
+                    raise RuntimeError(f"rank {rank}: unknown op {op}")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_workers(world: int, model: str, dtype: str, device: str, timeout_s: float = 60.0):
+    """Ranks 1..world-1 as processes on this machine (`python -m flashtree.distributed.tp`, so the
+    caller's script is never re-imported); returns (their processes, the init method)."""
+    import subprocess
+    import sys
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "flashtree.distributed.tp", str(r), str(world), str(model), dtype,
+                               device, init_method, str(timeout_s)]) for r in range(1, world)]
+    return procs, init_method
+
+
+if __name__ == "__main__":
+    import sys
+    rank_, world_, model_, dtype_, device_, init_, timeout_ = sys.argv[1:8]
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank_} %(levelname)s %(name)s: %(message)s")
+    try:
+        serve_worker(int(rank_), int(world_), model_, dtype_, device_, init_, float(timeout_))
+    except Exception as e:  # noqa: BLE001 -- rank 0 sees the failure as a failing collective
+        log.error("rank %s stopped: %s: %s", rank_, type(e).__name__, e)
+        sys.exit(1)
