@@ -85,6 +85,17 @@ with tempfile.TemporaryDirectory() as d:
                 torch.set_num_threads(self.n)
                 return self.llm.generate(*args, **kw)
         res = measure({1: Threads(one, cores), 2: Threads(two, max(1, cores // 2))}, one.tokenizer)
+        # the replicated LM head's share of a TP=1 decode step: the most a vocab-parallel head could save
+        torch.set_num_threads(cores)
+        h = torch.randn(1, one.target.config.hidden_size)
+        with torch.inference_mode():
+            times = []
+            for _ in range(300):
+                t0 = time.perf_counter()
+                one.target.logits(h)
+                times.append(time.perf_counter() - t0)
+        res["lm_head ms (TP=1, one token)"] = 1e3 * statistics.median(times[50:])
+        res["lm_head share of a C=1 step"] = res["lm_head ms (TP=1, one token)"] / (1e3 / res["TP=1 C=1 tok/s"])
         two.close()
         report[name] = {"params_millions": round(sum(p.numel() for p in one.target.parameters()) / 1e6, 1), **res}
         print(name, json.dumps({k: round(v, 2) for k, v in res.items()}), flush=True)
