@@ -2,8 +2,8 @@
 
 Each `step()` asks the scheduler what runs (`scheduler.py`: admission against free KV pages,
 chunked prefill, preemption), prefills those prompt chunks (a finished prefill samples the first
-token), then runs one round for every running sequence in a single target forward: each sequence's method (`speculative/`, one
-`Proposer` per method) proposes a draft tree — plain decoding the root alone — the trees are
+token), then runs one round for every running sequence in a single target forward: each
+sequence's method (`speculative/`, one `Proposer` per method) proposes a draft tree — plain decoding the root alone — the trees are
 packed into one forward, verified with one rule, the KV cache is compacted to the accepted path,
 the method is told what was committed (`on_commit`), full pages are named for the prefix cache and
 stops are applied. The engine knows no method by name. Tokenisation and HTTP live elsewhere.
@@ -355,6 +355,10 @@ class Engine:
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted)  # auto: cut to size
+        for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
+            if t.size > self._round_rows(s):
+                raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "
+                                   f"cache rows reserved for its round")
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits, feats = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
