@@ -123,3 +123,23 @@ def test_out_of_range_cache_options_are_refused_at_start(models, kw, msg):
     with pytest.raises(UserError) as e:
         engine(models, **kw)
     assert msg in str(e.value)
+
+
+def test_everything_at_once_changes_no_token(models):
+    """Shared prefixes (hits), chunked prefill, a cache small enough to preempt, every method in
+    one batch: each request's greedy output equals the same request run alone, unconstrained."""
+    rng = random.Random(5)
+    prefix = [rng.randrange(95) for _ in range(30)]
+    methods = ["ar", "ngram", "dflash", "ddtree", "hybrid"]
+    reqs = [(prefix[:rng.choice([0, 12, 30])] + [rng.randrange(95) for _ in range(rng.randint(2, 25))],
+             methods[i % len(methods)]) for i in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    alone = [drain(engine(models, enable_prefix_caching=False, max_batch_size=1), [p], params, method=m)[0]
+             for p, m in reqs]
+    eng = engine(models, max_batch_size=6, kv_cache_tokens=200, max_budget=16, max_num_batched_tokens=24)
+    seqs = [eng.add_request(p, params, method=m) for p, m in reqs]
+    while eng.has_work():
+        eng.step()
+    assert [s.output_ids for s in seqs] == alone
+    assert eng.scheduler.preemptions > 0 and eng.scheduler.prefix_hit_tokens > 0
+    assert eng.blocks.used == 0 and eng.blocks.free_slots == 6
