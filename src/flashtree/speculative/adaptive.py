@@ -281,6 +281,8 @@ class AdaptiveBudget:
         auto = [b for b, s in enumerate(batch) if s.auto]
         if not auto:
             return trees, [None] * len(batch)
+        if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
+            return trees, [Choice(0, 1.0, None) if s.auto else None for s in batch]
         curves = {b: expected_tau(trees[b], self.state(batch[b]).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
         draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
