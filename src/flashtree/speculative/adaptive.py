@@ -306,9 +306,10 @@ class AdaptiveBudget:
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
         if choice.paths is not None:  # it drafted: a fresh curve (and a verdict on the probe)
             st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
-            # a probe that verified no draft node says drafting still does not pay: probe half as often
+            # a probe that verified no draft node, or whose nodes were all rejected, says drafting
+            # still does not pay: probe half as often (committed outcomes only: lossless)
             gap = st.probe_gap or self.probe_every
-            st.probe_gap = min(2 * gap, MAX_PROBE_GAP) if choice.nodes == 0 else None
+            st.probe_gap = min(2 * gap, MAX_PROBE_GAP) if choice.nodes == 0 or len(path) == 1 else None
         else:
             st.undrafted += 1
 
