@@ -16,6 +16,7 @@ stops, the server reports unhealthy and exits.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from datetime import timedelta
@@ -62,7 +63,9 @@ def free_port() -> int:
 
 
 class Channel:
-    """Rank 0 -> all: one op, a few ints and up to MAX_TENSORS tensors (each <= 3-D), by broadcast."""
+    """Rank 0 -> all: one op, a few ints and up to MAX_TENSORS tensors (each <= 3-D). One header
+    broadcast, then one flat buffer per wire dtype (int64 for integers, uint8 for bools): three
+    collectives for a target forward whatever its tensors."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -76,27 +79,38 @@ class Channel:
         base = 2 + 5 * MAX_TENSORS
         head[base: base + len(ints)] = torch.tensor(ints, dtype=torch.int64)
         dist.broadcast(head.to(self.device), 0)
-        for t in tensors:
-            dist.broadcast(_wire(t.to(self.device).contiguous()), 0)
+        for wire, group in _groups([t.dtype for t in tensors]).items():
+            flat = torch.cat([tensors[i].to(self.device, wire).flatten() for i in group])
+            dist.broadcast(flat, 0)
 
     def recv(self) -> tuple[int, list[int], list[torch.Tensor]]:
         head = torch.zeros(HEADER, dtype=torch.int64, device=self.device)
         dist.broadcast(head, 0)
         head = head.cpu()
         op, n = int(head[0]), int(head[1])
-        out = []
+        dtypes, shapes = [], []
         for i in range(n):
-            dtype, ndim = _DTYPES[int(head[2 + 5 * i])], int(head[3 + 5 * i])
-            shape = head[4 + 5 * i: 4 + 5 * i + ndim].tolist()
-            t = torch.empty(shape, dtype=torch.uint8 if dtype == torch.bool else dtype, device=self.device)
-            dist.broadcast(t, 0)
-            out.append(t.bool() if dtype == torch.bool else t)
+            dtypes.append(_DTYPES[int(head[2 + 5 * i])])
+            shapes.append(head[4 + 5 * i: 4 + 5 * i + int(head[3 + 5 * i])].tolist())
+        out: list[torch.Tensor | None] = [None] * n
+        for wire, group in _groups(dtypes).items():
+            sizes = [math.prod(shapes[i]) for i in group]
+            flat = torch.empty(sum(sizes), dtype=wire, device=self.device)
+            dist.broadcast(flat, 0)
+            for i, part in zip(group, flat.split(sizes)):
+                out[i] = part.view(shapes[i]).to(dtypes[i])
         base = 2 + 5 * MAX_TENSORS
         return op, head[base:].tolist(), out
 
 
-def _wire(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.uint8) if t.dtype == torch.bool else t
+def _groups(dtypes: list[torch.dtype]) -> dict[torch.dtype, list[int]]:
+    """Tensor indices by the dtype they travel as: bools as uint8, other integers as int64,
+    floats as themselves."""
+    out: dict[torch.dtype, list[int]] = {}
+    for i, d in enumerate(dtypes):
+        wire = torch.uint8 if d == torch.bool else (d if d.is_floating_point else torch.int64)
+        out.setdefault(wire, []).append(i)
+    return out
 
 
 def serve_worker(rank: int, world: int, model: str, dtype: str, device: str, init_method: str | None = None,
