@@ -53,7 +53,6 @@ class BlockManager:
         self.by_name: dict[bytes, int] = {}                 # hash -> the page reused for it
         self.draft_ok = np.zeros(num_pages, dtype=bool)     # its drafter rows are written too
         self._free_slots = list(range(num_slots - 1, -1, -1))
-        self.hit_tokens = 0                                  # prefix-cache hits, in tokens (a counter)
 
     # ---------------------------------------------------------------- slots
     def allocate(self) -> int:
@@ -180,7 +179,6 @@ class BlockManager:
             self._append(slot, page)
         self.hashes[slot] = list(names)
         hit = len(pages) * self.page_size
-        self.hit_tokens += hit
         return hit
 
     def unnamed(self, slot: int, rows: int) -> bool:

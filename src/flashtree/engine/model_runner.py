@@ -145,19 +145,23 @@ class ModelRunner:
         R = nodes.shape[0]
         if B * T > 1 and R < 2:  # keep the dynamic row count off dynamo's 0/1 specialisation
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
-        table, rows = self._table(slots, int(lengths.max())), self._rows(slots, lengths, T)
+        start = lengths.cpu().numpy()  # the one host copy of the lengths (sizes and rows come from it)
+        table, rows = self._table(slots, int(start.max())), self._rows(slots, start, T)
         if self.channel is not None:  # tensor parallel: the other ranks run the same forward on their shards
             from ..distributed.tp import TARGET
             self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
-        logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes)
+        cols = torch.arange(_at_least_2(int(start.max())), device=self.device)
+        logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)
         return logits[:R], feats
 
-    def execute_target(self, tokens, positions, table, lengths, vis, rows, nodes=None):
+    def execute_target(self, tokens, positions, table, lengths, vis, rows, nodes=None, cols=None):
         """The target forward on physical pages `table` [B, pages], writing the new K/V at physical
-        `rows` [B, T]; logits of the flat indices `nodes` (None: a rank > 0, which needs none)."""
+        `rows` [B, T]; logits of the flat indices `nodes` (None: a rank > 0, which needs none);
+        cols = arange(max(2, max length)) (None: derived from lengths)."""
         if nodes is None:
             nodes = torch.zeros(2, dtype=torch.long, device=self.device)
-        cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
+        if cols is None:
+            cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
         args = self._inputs((tokens, 0, 1), (positions, 0, 1), (table, 0, 1), (lengths, 0),
                             (vis, 0, 1, 2), (cols, 0), (nodes, 0))
         logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
@@ -175,12 +179,13 @@ class ModelRunner:
         if C < 2:  # pad the context to >= 2 rows (masked out by ctx_len)
             ctx = torch.cat([ctx, ctx.new_zeros(B, 2 - C, ctx.shape[2])], 1)
             ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
-        S = _at_least_2(int(past_len.max()))
+        start = past_len.cpu().numpy()
+        S = _at_least_2(int(start.max()))
         cols = torch.arange(S, device=self.device)
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
                             (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
         logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
-        self.draft_cache.write(self._rows(slots, past_len, ctx.shape[1]), k, v)
+        self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
 
     def _table(self, slots: list[int], rows: int) -> torch.Tensor:
@@ -188,9 +193,9 @@ class ModelRunner:
         n = _at_least_2(self.blocks.pages_for(rows))
         return torch.from_numpy(self.blocks.table[slots, :n]).to(self.device)
 
-    def _rows(self, slots: list[int], start: torch.Tensor, n: int) -> torch.Tensor:
+    def _rows(self, slots: list[int], start: np.ndarray, n: int) -> torch.Tensor:
         """Physical rows [B, n] of logical rows start[b] .. start[b]+n-1 (past a slot's pages: the null page)."""
-        logical = start.cpu().numpy()[:, None] + np.arange(n)
+        logical = start[:, None] + np.arange(n)
         return torch.from_numpy(self.blocks.rows(slots, logical)).to(self.device)
 
     def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:

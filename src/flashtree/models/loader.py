@@ -129,7 +129,6 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
     tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
     load_state(model, path, ignorable=tied, optional=tied, tp=tp)
     if tp is not None:
-        model.full_config = cfg
         reduce = make_all_reduce()
         for layer in model.model.layers:
             layer.reduce = reduce

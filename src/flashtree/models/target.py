@@ -53,8 +53,7 @@ class Backbone(nn.Module):
 class TargetModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg       # with tensor parallelism: this rank's share (heads, intermediate)
-        self.full_config = cfg  # the checkpoint's config (vocabulary, context, layer count are the same)
+        self.config = cfg  # with tensor parallelism: this rank's share (heads, intermediate)
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
