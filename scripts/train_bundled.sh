@@ -30,6 +30,8 @@ $FT train-drafter --target "$OUT/target" --out "$OUT/drafter" --work runs/drafte
   --steps 6000 --num-sequences 8000 --init-from runs/drafter-v1 --resume --threads "$THREADS"
 # Then resumed to 8000 steps at lr 1e-4 (the cosine restarts over the remaining steps): held-out tau
 # equal or higher in every ddtree and T=1 cell, dflash at T=0 unchanged (benchmarks/bundled_pair.md).
+# Resuming further to 12000 steps at lr 1e-4 (tried: runs/drafter-refit3) changed no tau by more than
+# 0.02, so the bundled drafter is this 8000-step one.
 $FT train-drafter --target "$OUT/target" --out "$OUT/drafter" --work runs/drafter-refit \
   --block-size 8 --layers 1 --target-layer-ids 0,1,2 --anchors 16 --batch-size 8 --lr 1e-4 \
   --steps 8000 --num-sequences 8000 --resume --threads "$THREADS"
