@@ -210,6 +210,55 @@ def test_probes_back_off_while_drafting_does_not_pay(models):
     assert 2 <= drafter_runs <= 5, drafter_runs
 
 
+def test_accepted_probes_that_do_not_pay_for_their_round_back_off(models):
+    """Drafts the target accepts, but a drafter pass that costs ten plain steps: no probe commits
+    enough to pay for its round, so probes back off (8, 16, 32, ...) although every one accepts
+    nodes — counting acceptance alone re-probed every 8th round (12 probes here)."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=160))
+    target_drafts(target)(eng)
+    pin(lambda b, t: 1e-3 * (1 + 0.06 * t), draft=10e-3)(eng)
+    s = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    probes = [t for t, n in zip(s.metrics.accept_lengths, s.metrics.budgets) if n]  # (oracle drafts: no pass to count)
+    assert probes and min(probes) > 1  # every probe accepted nodes ...
+    assert len(probes) <= 5, s.metrics.budgets  # ... and still they backed off (rounds 0, 16, 48)
+
+
+def test_a_probe_backs_off_unless_it_commits_enough_to_pay_for_its_round():
+    """The gap to the next probe resets only when a probe commits at least its round's
+    break-even tau (draft + forward cost in plain rounds); accepting one node is not enough."""
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
+    paths = path_logprobs(tree)[1:]
+    ctl, seq = AdaptiveBudget(probe_every=8), object()
+    ctl.learn(seq, tree, [0, 1], Choice(6, 2.5, paths, break_even=3.0))       # tau 2 < 3: back off
+    assert ctl.state(seq).probe_gap == 16
+    ctl.learn(seq, tree, [0, 1], Choice(6, 2.5, paths, break_even=3.0))
+    assert ctl.state(seq).probe_gap == 32
+    ctl.learn(seq, tree, [0, 1, 3], Choice(6, 2.5, paths, break_even=3.0))    # tau 3: it paid
+    assert ctl.state(seq).probe_gap is None
+    ctl.learn(seq, tree, [0], Choice(0, 1.0, paths, break_even=1.0))          # verified nothing
+    assert ctl.state(seq).probe_gap == 16
+
+
+def test_pending_features_join_only_when_read():
+    """A sequence's queued drafter features: rows appended per round, joined once, the fed rows dropped."""
+    import torch
+    from flashtree.speculative.dflash import Pending
+    rows = [torch.full((n, 3), float(i)) for i, n in enumerate([5, 1, 1, 2])]
+    p = Pending()
+    for r in rows:
+        p.add(r)
+    assert p.rows == 9 and len(p.chunks) == 4
+    assert torch.equal(p.joined(), torch.cat(rows)) and len(p.chunks) == 1
+    p.drop(6)
+    assert p.rows == 3 and torch.equal(p.joined(), torch.cat(rows)[6:])
+    p.drop(3)
+    assert p.rows == 0 and p.joined() is None
+
+
 PROMPT = [1, 2, 3]
 
 

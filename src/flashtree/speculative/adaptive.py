@@ -17,8 +17,9 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
   expected committed tokens / (drafter cost + round cost at T).
 
 `AdaptiveBudget` ties them to the engine: before drafting it says whether the drafter should run
-(the last round's curves re-rated with the current calibration, every `probe_every`-th round
-drafted anyway to keep them fresh); after the trees are built it picks T and cuts each auto
+(the last round's curves re-rated with the current calibration; a sequence that stopped drafting
+re-probes after a gap that doubles while probes do not commit enough tokens to pay for their
+round); after the trees are built it picks T and cuts each auto
 sequence's tree to its first T-1 nodes; after the commit it learns. Every input is committed
 history, draft probabilities or measured time — never the current round's verify draws — so the
 choice keeps decoding lossless. This module does not build trees, verify or sample.
@@ -227,6 +228,7 @@ class Choice:
     nodes: int
     predicted_tau: float
     paths: np.ndarray | None   # path log-probs of its whole drafted tree (root excluded); None: no draft
+    break_even: float = 2.0    # the tau at which this round's measured cost matches plain decoding's rate
 
 
 @dataclass(slots=True)
@@ -258,9 +260,7 @@ class AdaptiveBudget:
         rate beats the best rate with the drafter's cost included."""
         states = [self.state(s) for s in seqs]
         c = self.costs
-        if (not c.measured or c.draft(batch) is None
-                or any(st.last_paths is None or st.undrafted + 1 >= (st.probe_gap or self.probe_every)
-                       for st in states)):
+        if not c.measured or c.draft(batch) is None or any(self._due(st) for st in states):
             return True
         if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
             return False
@@ -272,6 +272,12 @@ class AdaptiveBudget:
         for st in states:
             st.prefers_plain = not wants
         return wants
+
+    def _due(self, st: AutoState) -> bool:
+        """A sequence with no curve yet, or whose probe gap has passed, drafts this round (the
+        drafter then runs for the whole batch, so one pass serves every due sequence and resets
+        all their gaps together)."""
+        return st.last_paths is None or st.undrafted + 1 >= (st.probe_gap or self.probe_every)
 
     def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
             ) -> tuple[list[DraftTree], list[Choice | None]]:
@@ -288,11 +294,15 @@ class AdaptiveBudget:
         draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
         T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
                           fixed=len(batch) - len(auto))
+        plain, spent = self.costs.round_cost(len(batch), 1), self.costs.round_cost(len(batch), T)
+        # the round costs (draft + forward at T) what `break_even` plain rounds do: each sequence
+        # must commit that many tokens for drafting to have paid
+        break_even = (draft_cost + spent) / plain if plain else 2.0
         trees, choices = list(trees), [None] * len(batch)
         for b, curve in curves.items():
             n = min(T - 1, trees[b].size - 1)
             paths = path_logprobs(trees[b])[1:] if trees[b].size > 1 else None
-            choices[b] = Choice(n, float(curve[n]), paths)
+            choices[b] = Choice(n, float(curve[n]), paths, float(break_even))
             trees[b] = prefix(trees[b], n)
         return trees, choices
 
@@ -306,10 +316,13 @@ class AdaptiveBudget:
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
         if choice.paths is not None:  # it drafted: a fresh curve (and a verdict on the probe)
             st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
-            # a probe that verified no draft node, or whose nodes were all rejected, says drafting
-            # still does not pay: probe half as often (committed outcomes only: lossless)
+            # a probe that verified no draft node, or committed fewer tokens than its round cost
+            # in plain rounds, says drafting still does not pay: probe half as often (committed
+            # outcomes and measured costs only: lossless). Counting acceptance alone, a batch of 8
+            # at T=1 always had one sequence accept a node, so its probes never backed off.
             gap = st.probe_gap or self.probe_every
-            st.probe_gap = min(2 * gap, MAX_PROBE_GAP) if choice.nodes == 0 or len(path) == 1 else None
+            paid = choice.nodes > 0 and len(path) >= max(choice.break_even, 2.0)
+            st.probe_gap = None if paid else min(2 * gap, MAX_PROBE_GAP)
         else:
             st.undrafted += 1
 

@@ -7,6 +7,7 @@ pass runs [bonus, MASK x (K-1)] for its sequences and returns per-depth top-k dr
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +21,32 @@ if TYPE_CHECKING:
     from ..engine.sequence import Sequence
 
 
+@dataclass(slots=True)
+class Pending:
+    """One sequence's target features not yet in the drafter's context cache, in the chunks they
+    arrived in: joined only when a pass reads them, so a sequence that plain-decodes for many
+    rounds (budget="auto") appends each round's rows without copying the earlier ones."""
+    chunks: list[torch.Tensor] = field(default_factory=list)   # [[n_i, F], ...] in token order
+    rows: int = 0
+
+    def add(self, feats: torch.Tensor) -> None:
+        self.chunks.append(feats)
+        self.rows += feats.shape[0]
+
+    def joined(self) -> torch.Tensor | None:
+        """All rows as one [rows, F] tensor (None: none)."""
+        if len(self.chunks) > 1:
+            self.chunks = [torch.cat(self.chunks)]
+        return self.chunks[0] if self.chunks else None
+
+    def drop(self, n: int) -> None:
+        """Forget the first n rows (a pass wrote them to the cache)."""
+        joined = self.joined() if n else None
+        if joined is not None:
+            rest = joined[n:]
+            self.chunks, self.rows = ([rest] if rest.shape[0] else []), rest.shape[0]
+
+
 class DFlashDrafts:
     """The drafter pass. `source(seqs) -> {seq: DraftOutput}` is where drafts come from: this
     pass (`run`) by default, or a test's oracle with the same signature."""
@@ -27,7 +54,7 @@ class DFlashDrafts:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.mask_token_id = engine.drafter.config.mask_token_id
-        self.pending: dict[Sequence, torch.Tensor] = {}  # [n, F] features not yet in the drafter cache
+        self.pending: dict[Sequence, Pending] = {}  # features not yet in the drafter cache
         self.fed: dict[Sequence, int] = {}               # pending rows this round's pass wrote to the cache
         self.source = self.run
         self._wanted: list[Sequence] = []   # this round's sequences of every drafter-based method
@@ -52,7 +79,7 @@ class DFlashDrafts:
         eng = self.engine
         dev, B = eng.device, len(seqs)
         K = max(s.block_size for s in seqs)
-        pend = [self.pending.get(s) for s in seqs]
+        pend = [self.pending[s].joined() if s in self.pending else None for s in seqs]
         n_ctx = [p.shape[0] if p is not None else 0 for p in pend]
         C = max(n_ctx)
         F = eng.drafter.fc.in_features
@@ -82,20 +109,19 @@ class DFlashDrafts:
         """A prefill chunk is in the target cache: queue its tokens' features (a prompt prefilled
         in chunks arrives in order; tokens before the first chunk came from the prefix cache,
         whose drafter rows are written)."""
-        old = self.pending.get(seq)
-        self.pending[seq] = feats if old is None else torch.cat([old, feats])
+        self.pending.setdefault(seq, Pending()).add(feats)
         self.fed.pop(seq, None)
 
     def cached_rows(self, seq: Sequence) -> int | None:
         """Rows of seq's drafter context cache that are written (None: not a drafter sequence)."""
         p = self.pending.get(seq)
-        return None if p is None else seq.length - p.shape[0]
+        return None if p is None else seq.length - p.rows
 
     def on_commit(self, seq: Sequence, feats: torch.Tensor) -> None:
         """Drop the rows the round's pass put in the cache; queue the committed tokens' features."""
-        old, n = self.pending.get(seq), self.fed.pop(seq, 0)
-        old = old[n:] if old is not None and n < old.shape[0] else None
-        self.pending[seq] = feats if old is None else torch.cat([old, feats])
+        p, n = self.pending.setdefault(seq, Pending()), self.fed.pop(seq, 0)
+        p.drop(n)
+        p.add(feats)
 
     def release(self, seq: Sequence) -> None:
         self.pending.pop(seq, None)
