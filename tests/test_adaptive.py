@@ -226,21 +226,31 @@ def test_accepted_probes_that_do_not_pay_for_their_round_back_off(models):
     assert len(probes) <= 5, s.metrics.budgets  # ... and still they backed off (rounds 0, 16, 48)
 
 
-def test_a_probe_backs_off_unless_it_commits_enough_to_pay_for_its_round():
-    """The gap to the next probe resets only when a probe commits at least its round's
-    break-even tau (draft + forward cost in plain rounds); accepting one node is not enough."""
+def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
+    """The gaps to the next probe reset only when the round's drafting sequences commit, on
+    average, 1 + (break_even - 1) / 2 tokens; one verdict for all of them (one drafter pass)."""
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
     ctl, seq = AdaptiveBudget(probe_every=8), object()
-    ctl.learn(seq, tree, [0, 1], Choice(6, 2.5, paths, break_even=3.0))       # tau 2 < 3: back off
-    assert ctl.state(seq).probe_gap == 16
-    ctl.learn(seq, tree, [0, 1], Choice(6, 2.5, paths, break_even=3.0))
+
+    def probe(seqs_taus, nodes=6, break_even=5.0):  # needed: mean tau >= 3
+        choice = Choice(nodes, 2.5, paths, break_even)
+        for s, tau in seqs_taus:
+            ctl.learn(s, tree, list(range(tau)), choice)
+        ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
+
+    probe([(seq, 2)])
+    assert ctl.state(seq).probe_gap == 16     # accepted a node, but 2 < 3
+    probe([(seq, 2)])
     assert ctl.state(seq).probe_gap == 32
-    ctl.learn(seq, tree, [0, 1, 3], Choice(6, 2.5, paths, break_even=3.0))    # tau 3: it paid
-    assert ctl.state(seq).probe_gap is None
-    ctl.learn(seq, tree, [0], Choice(0, 1.0, paths, break_even=1.0))          # verified nothing
-    assert ctl.state(seq).probe_gap == 16
+    probe([(seq, 3)])
+    assert ctl.state(seq).probe_gap is None   # it paid
+    probe([(seq, 1)], nodes=0)
+    assert ctl.state(seq).probe_gap == 16     # verified nothing
+    batch = [object() for _ in range(8)]
+    probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # one of 8 did well: mean 1.4 < 2
+    assert all(ctl.state(s).probe_gap == 16 for s in batch)
 
 
 def test_pending_features_join_only_when_read():

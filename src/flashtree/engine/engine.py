@@ -517,7 +517,7 @@ class Engine:
         trees, vout, feats = out.trees, out.vout, out.feats
         accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
         bonus = vout.bonus.cpu().tolist()
-        slots, src, dst = [], [], []
+        slots, src, dst, probed = [], [], [], []
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
@@ -532,6 +532,8 @@ class Engine:
             s.metrics.accept_lengths.append(tau)
             if out.choices[b] is not None:  # auto: what it chose and expected, for calibration checks
                 self.adaptive.learn(s, trees[b], path, out.choices[b])
+                if out.choices[b].paths is not None:
+                    probed.append((s, out.choices[b], tau))
                 s.metrics.budgets.append(out.choices[b].nodes)
                 s.metrics.predicted_taus.append(out.choices[b].predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
@@ -539,6 +541,7 @@ class Engine:
                 self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
                                        "tau": tau, "predicted_tau": out.choices[b] and out.choices[b].predicted_tau})
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
+        self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
         self.runner.move(slots, src, dst)
         for s in batch:
             self.blocks.trim(s.slot, s.length)  # rejected nodes' rows: their pages go back

@@ -314,17 +314,27 @@ class AdaptiveBudget:
             accepted = np.zeros(tree.size, dtype=bool)
             accepted[path] = True
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
-        if choice.paths is not None:  # it drafted: a fresh curve (and a verdict on the probe)
+        if choice.paths is not None:  # it drafted: a fresh curve (the verdict on the probe: settle)
             st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
-            # a probe that verified no draft node, or committed fewer tokens than its round cost
-            # in plain rounds, says drafting still does not pay: probe half as often (committed
-            # outcomes and measured costs only: lossless). Counting acceptance alone, a batch of 8
-            # at T=1 always had one sequence accept a node, so its probes never backed off.
-            gap = st.probe_gap or self.probe_every
-            paid = choice.nodes > 0 and len(path) >= max(choice.break_even, 2.0)
-            st.probe_gap = None if paid else min(2 * gap, MAX_PROBE_GAP)
         else:
             st.undrafted += 1
+
+    def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
+        """After a round's commits: (sequence, its choice, its tau) for each auto sequence that
+        drafted. The drafter ran for all of them at once, so they share one verdict: the round
+        re-earned its probing when it verified draft nodes and its sequences' mean tau recovered at
+        least half of what the round cost over a plain one (tau >= 1 + (break_even - 1) / 2);
+        then every gap resets, else every gap doubles (committed outcomes and measured costs
+        only: lossless). One verdict per sequence let any one of eight T=1 sequences that
+        accepted a node keep the whole batch probing every 8th round."""
+        if not drafted:
+            return
+        mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
+        break_even = drafted[0][1].break_even
+        paid = any(c.nodes > 0 for _, c, _ in drafted) and mean_tau >= 1 + (break_even - 1) / 2
+        for seq, _, _ in drafted:
+            st = self.state(seq)
+            st.probe_gap = None if paid else min(2 * (st.probe_gap or self.probe_every), MAX_PROBE_GAP)
 
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq, None)
