@@ -18,8 +18,8 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
 
 `AdaptiveBudget` ties them to the engine: before drafting it says whether the drafter should run
 (the last round's curves re-rated with the current calibration; a sequence that stopped drafting
-re-probes after a gap that doubles while probes do not commit enough tokens to pay for their
-round); after the trees are built it picks T and cuts each auto
+re-probes after a gap that doubles while probe rounds do not commit enough tokens to recover
+half their cost over a plain round); after the trees are built it picks T and cuts each auto
 sequence's tree to its first T-1 nodes; after the commit it learns. Every input is committed
 history, draft probabilities or measured time — never the current round's verify draws — so the
 choice keeps decoding lossless. This module does not build trees, verify or sample.
@@ -237,7 +237,7 @@ class AutoState:
     last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
     undrafted: int = 0                    # rounds since it last drafted
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
-                                          # probe_every (it backs off, see learn)
+                                          # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
 
 
