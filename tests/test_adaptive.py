@@ -226,6 +226,40 @@ def test_accepted_probes_that_do_not_pay_for_their_round_back_off(models):
     assert len(probes) <= 5, s.metrics.budgets  # ... and still they backed off (rounds 0, 16, 48)
 
 
+def test_a_setting_where_drafting_did_not_pay_starts_the_next_request_plain(models):
+    """The first request probes and backs off; the next one of the same setting starts on plain
+    rounds at that gap (no drafting round 0), one of another setting still starts by drafting, and
+    where drafts pay the next request drafts from its first round."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=160))
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
+    greedy = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+    def request(params, method="ddtree"):
+        passes = eng.runner.shapes["drafter", 1, drafter.config.block_size]
+        s = eng.add_request([5, 6, 7], params, method=method)
+        while eng.has_work():
+            eng.step()
+        return s.metrics.budgets, eng.runner.shapes["drafter", 1, drafter.config.block_size] - passes
+
+    first, first_passes = request(greedy)
+    assert first_passes >= 3  # round 0 and probes after 8 and 16 plain rounds (then 32)
+    second, second_passes = request(greedy)
+    assert second[0] == 0 and second_passes < first_passes  # plain from round 0
+    assert eng.adaptive.starts  # its probes did not pay either: the setting keeps starting plain
+    sampled, sampled_passes = request(SamplingParams(temperature=1.0, max_tokens=100, ignore_eos=True))
+    assert sampled_passes >= 3  # another setting: it drafts in round 0 and probes afresh
+
+    # where drafts pay, every request drafts from its first round
+    target_drafts(target)(eng)
+    pinned(eng)
+    eng.adaptive.starts.clear()
+    for _ in range(2):
+        budgets, _ = request(greedy)
+        assert budgets[0] > 0
+    assert not eng.adaptive.starts
+
+
 def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
     """The gaps to the next probe reset only when the round's drafting sequences commit, on
     average, 1 + (break_even - 1) / 2 tokens; one verdict for all of them (one drafter pass)."""

@@ -29,7 +29,7 @@ def bench(pair, tmp_path_factory):
     target, draft, prompts = pair
     out = tmp_path_factory.mktemp("bench_out")
     argv = ["bench", "--model", str(target), "--draft", str(draft), "--prompts", str(prompts),
-            "--num-prompts", "2", "--max-tokens", "6", "--methods", "ar,dflash,ddtree", "--budgets", "3",
+            "--num-prompts", "2", "--max-tokens", "6", "--methods", "ar,dflash,ddtree", "--budgets", "3,auto",
             "--temperatures", "0,1", "--concurrency", "1,2", "--repeats", "2", "--warmup", "0", "--out", str(out),
             "--exact-samples", "2000"]
     buf = io.StringIO()
@@ -44,8 +44,8 @@ def test_bench_writes_consistent_report(bench):
     meta, cells, peers = rep["meta"], rep["cells"], rep["peers"]
     assert meta["num_prompts"] == 2 and meta["max_tokens"] == 6 and meta["repeats"] == 2
     assert meta["versions"]["torch"]
-    assert len(cells) == 2 * 2 * 3 and len(peers) == 2 * 2
-    assert {c["label"] for c in cells} == {"ar", "dflash", "ddtree@3"}
+    assert len(cells) == 2 * 2 * 4 and len(peers) == 2 * 2
+    assert {c["label"] for c in cells} == {"ar", "dflash", "ddtree@3", "ddtree@auto"}
     expected_tokens = 2 * 2 * 6  # repeats x prompts x max_tokens (ignore_eos)
     for c in cells:
         assert c["completion_tokens"] == expected_tokens
@@ -61,21 +61,26 @@ def test_bench_writes_consistent_report(bench):
         ar = next(a for a in cells if a["method"] == "ar" and a["temperature"] == c["temperature"]
                   and a["concurrency"] == c["concurrency"])
         assert c["speedup_vs_ar"] == pytest.approx(c["tok_s"] / ar["tok_s"])
-        assert c["bound_share"] == pytest.approx(c["speedup_vs_ar"] / c["bound"])
+        if c["budget"] == "auto":  # its chosen sizes and expected tau, and no bound (its tree changes every round)
+            assert 0 <= c["mean_budget"] <= 32 and c["predicted_tau"] >= 1
+            assert c["bound"] is None and c["costs_ms"]["tree_size"] is None and c["costs_ms"]["draft"] > 0
+        else:
+            assert c["mean_budget"] is None and c["bound_share"] == pytest.approx(c["speedup_vs_ar"] / c["bound"])
         if c["method"] == "ar":
             assert h[0] == c["rounds"] and c["bound"] == 1.0 and c["speedup_vs_ar"] == pytest.approx(1.0)
-        else:
+        elif c["budget"] != "auto":
             k = c["costs_ms"]
             assert k["draft"] > 0 and k["verify"] > 0 and k["c1"] > 0
             assert k["tree_size"] == {"dflash": 8, "ddtree": 4}[c["method"]]
             assert c["bound"] == pytest.approx(c["mean_accept_length"] * k["c1"] / (k["draft"] + k["verify"]))
-        x = c["exact"]  # greedy identity at T=0 (2 prompts x 2 repeats), the chi-square cell at T=1
-        if c["method"] == "ar":
+        x = c["exact"]  # greedy identity at T=0 (2 prompts x 2 repeats); at T=1 the chi-square cell and
+        if c["method"] == "ar":  # the seeded outputs equal to plain decoding's
             assert x["check"] == "reference"
         elif c["temperature"] == 0:
             assert x == {"check": "greedy identity", "passed": True, "identical": 4, "outputs": 4}
         else:
             assert x["check"] == "chi-square cell" and x["passed"] and x["samples"] == 2000
+            assert (x["identical"], x["outputs"]) == (4, 4)
         if c["concurrency"] == 1:  # peers run at batch 1 and are compared with the batch-1 cells
             for q in peers:
                 if q["temperature"] == c["temperature"]:
@@ -86,8 +91,8 @@ def test_bench_writes_consistent_report(bench):
         assert q["name"] in ("hf_generate", "hf_prompt_lookup") and q["tok_s"] > 0
         assert q["completion_tokens"] == expected_tokens
     assert "ddtree@3" in stdout and "hf_prompt_lookup" in stdout
-    assert stdout.splitlines()[0].split()[:6] == ["temp", "conc", "config", "tok/s", "tau", "exact"]
-    assert "yes 4/4" in stdout and "yes p=" in stdout and " ref " in stdout
+    assert stdout.splitlines()[0].split()[:8] == ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact"]
+    assert "yes 4/4" in stdout and "yes p=" in stdout and " ref " in stdout and "ddtree@auto" in stdout
 
 
 def test_bench_writes_pngs_and_markdown(bench):
@@ -174,12 +179,21 @@ def test_reports_carry_no_machine_paths(bench, pair, tmp_path, monkeypatch):
     (["--temperatures", "-1"], "temperatures"),
     (["--topks", "0"], "--topks"),
     (["--budgets", "3,4", "--topks", "1,5"], "topk [5] exceeds every budget"),
+    (["--budgets", "0,auto"], "budgets must be integers >= 1 or 'auto'"),
     (["--exact-samples", "50"], "--exact-samples"),
 ])
 def test_bench_rejects_bad_arguments(pair, argv, message, capsys):
     target, draft, prompts = pair
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--prompts", str(prompts), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_budgets_take_integers_and_auto(pair, capsys):
+    from flashtree.commands.bench import _budgets
+    assert _budgets("4, 8,AUTO") == [4, 8, "auto"]
+    with pytest.raises(SystemExit):
+        main(["bench", "--budgets", "3,big"])
+    assert "integers and/or 'auto', got '3,big'" in capsys.readouterr().err
 
 
 def test_bench_speculative_methods_need_a_drafter(pair, capsys):
@@ -193,6 +207,7 @@ def test_tree_size_of_a_capped_tree():
     assert tree_size(Config("ddtree", 16), 8) == 17
     assert tree_size(Config("ddtree", 16, 1), 8) == 8      # a chain: one node per depth
     assert tree_size(Config("ddtree", 7, 1), 8) == 8
+    assert tree_size(Config("ddtree", "auto"), 8) is None  # its size changes every round
     assert tree_size(Config("ddtree", 16, 2), 8) == 17     # 2 + 4 + ... > 16
     assert tree_size(Config("ddtree", 16, 2), 3) == 7      # 2 + 4
     assert Config("ddtree", 7, 1).label == "ddtree@7/topk1" and Config("ddtree", 7).label == "ddtree@7"

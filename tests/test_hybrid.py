@@ -152,7 +152,7 @@ def test_flashtree_verify_covers_the_copying_methods(capsys, tmp_path):
 
     from flashtree.cli import main
     out = tmp_path / "verify.json"
-    rc = main(["verify", "--methods", "ngram,hybrid", "--samples", "3000", "--temperatures", "1.0",
+    rc = main(["verify", "--methods", "ngram,hybrid", "--samples", "5000", "--temperatures", "1.0",
                "--filters", "top_k", "--drafts", "model", "--json", str(out)])
     rep = json.loads(out.read_text())
     assert rc == 0, capsys.readouterr().out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import FilterPlan, logits_to_probs, sample
+from flashtree.sampling import FilterPlan, Uniforms, logits_to_probs, sample
 from flashtree.sampling_params import SamplingParams
 
 
@@ -85,7 +85,7 @@ def test_greedy_rows_are_argmax_whatever_the_filters():
 
 def test_seeded_sampling_reproduces_and_different_seeds_differ():
     probs = torch.full((64, 10), 0.1)
-    draw = lambda seed: sample(probs, [(0, 64)], [torch.Generator().manual_seed(seed)])
+    draw = lambda seed: sample(probs, [(0, 64)], [uniform(seed, 64)])
     assert torch.equal(draw(7), draw(7))
     assert not torch.equal(draw(7), draw(8))
 
@@ -94,7 +94,7 @@ def test_inverse_cdf_draws_from_probs_and_never_a_zero():
     from scipy.stats import chisquare
     p = torch.tensor([0.0, 0.5, 0.25, 0.0, 0.15, 0.1, 0.0])
     n = 40000
-    draws = sample(p.expand(n, -1).clone(), [(0, n)], [torch.Generator().manual_seed(0)])
+    draws = sample(p.expand(n, -1).clone(), [(0, n)], [uniform(0, n)])
     counts = torch.bincount(draws, minlength=7).numpy()
     assert counts[0] == counts[3] == counts[6] == 0
     live = p.numpy() > 0
@@ -103,11 +103,26 @@ def test_inverse_cdf_draws_from_probs_and_never_a_zero():
 
 def test_greedy_and_sampled_requests_share_one_call():
     probs = torch.tensor([[0.1, 0.6, 0.3]] * 6)
-    gen = torch.Generator().manual_seed(3)
-    draws = sample(probs, [(0, 2), (2, 5), (5, 6)], [None, gen, None])
+    draws = sample(probs, [(0, 2), (2, 5), (5, 6)], [None, uniform(3, 3), None])
     assert draws[[0, 1, 5]].tolist() == [1, 1, 1]             # greedy rows: argmax
-    alone = sample(probs[2:5], [(0, 3)], [torch.Generator().manual_seed(3)])
+    alone = sample(probs[2:5], [(0, 3)], [uniform(3, 3)])
     assert torch.equal(draws[2:5], alone)                     # a request's draws depend on its seed only
+
+
+def uniform(seed: int, n: int) -> torch.Tensor:
+    return Uniforms(seed).at(torch.arange(n), n)
+
+
+def test_uniforms_depend_on_the_seed_and_position_only():
+    a, b = Uniforms(5), Uniforms(5)
+    # b is read in another order and in other pieces, past a block boundary
+    late = b.at(torch.tensor([130, 3, 64]), 131)
+    early = b.at(torch.arange(10), 10)
+    assert torch.equal(late, a.at(torch.tensor([130, 3, 64]), 131))
+    assert torch.equal(early, a.at(torch.arange(10), 10))
+    assert early.dtype == torch.float64 and bool(((early >= 0) & (early < 1)).all())
+    assert not torch.equal(early, Uniforms(6).at(torch.arange(10), 10))
+    assert len(set(a.at(torch.arange(200), 200).tolist())) == 200   # fresh values at every position
 
 
 @pytest.mark.parametrize("kw, field", [

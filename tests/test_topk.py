@@ -178,7 +178,7 @@ def test_topk_is_validated_with_a_clear_error(llm, tiny_pair):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--topk", "0"], "--topk must be in [1, 16]"),
+    (["--topk", "0"], "--topk must be in [1, 32]"),  # the default budget "auto" drafts up to 32 nodes
     (["--budget", "4", "--topk", "5"], "--topk must be in [1, 4]"),
     (["--method", "dflash", "--topk", "1"], "--topk caps the branching of a DDTree"),
 ])

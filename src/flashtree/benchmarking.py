@@ -19,8 +19,9 @@ than a plain step's, above 1 when less (or when short generations leave rounds u
 
 Every speculative cell also says whether its output is exact (`exactness`): at T=0 by greedy
 identity — each prompt's tokens equal plain decoding's (`ar`) in the same group — and at T>0 by
-the chi-square cell of `exactness.py`: the same method, budget, topk and filters at that
-temperature on the tiny enumerable pair, its samples tested against the exact distribution.
+the same identity of seeded outputs (each prompt keeps its seed across configs) and by the
+chi-square cell of `exactness.py`: the same method, budget, topk and filters at that temperature
+on the tiny enumerable pair, its samples tested against the exact distribution.
 
 This module does no argument parsing (`commands/bench.py`) and no decoding of its own (`LLM`).
 """
@@ -46,7 +47,7 @@ PEERS = ("hf_generate", "hf_prompt_lookup")
 class Config:
     """One decoding configuration of our engine."""
     method: str              # a name in speculative.proposer.METHODS
-    budget: int | None = None  # ddtree nodes per round; None otherwise
+    budget: int | str | None = None  # tree nodes per round, or "auto" (chosen each round); None otherwise
     topk: int | None = None    # ddtree children per node at most; None = no cap
     compiled: bool | None = None  # the model runner's mode for this config; None = as loaded
 
@@ -72,6 +73,8 @@ class Pass:
     steps: int = 0                                # engine steps that ran a round (target forwards)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds in this pass
     token_ids: list[list[int]] = field(default_factory=list)  # each prompt's output (greedy identity)
+    budgets: list[int] = field(default_factory=list)         # budget="auto": nodes verified, every round
+    predicted_taus: list[float] = field(default_factory=list)  # budget="auto": E[tau] of each round's choice
 
     @property
     def tok_s(self) -> float:
@@ -85,7 +88,7 @@ class Pass:
 @dataclass(slots=True)
 class BenchPlan:
     methods: list[str]
-    budgets: list[int]
+    budgets: list[int | str]     # tree budgets: integers and/or "auto"
     temperatures: list[float]
     concurrency: list[int]
     repeats: int = 3
@@ -110,8 +113,11 @@ class BenchPlan:
             raise UserError(f"bench: need --repeats >= 1 and --warmup >= 0, got {self.repeats}, {self.warmup}")
         if not self.topks or any(k is not None and k < 1 for k in self.topks):
             raise UserError(f"bench: --topks must list caps >= 1 (or none), got {self.topks}")
+        bad = [b for b in self.budgets if b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 1)]
+        if bad:
+            raise UserError(f"bench: budgets must be integers >= 1 or 'auto', got {bad}")
         if "ddtree" in self.methods and self.budgets:
-            unused = [k for k in self.topks if k is not None and k > max(self.budgets)]
+            unused = [k for k in self.topks if k is not None and k > max(nodes(b) for b in self.budgets)]
             if unused:
                 raise UserError(f"bench: topk {unused} exceeds every budget ({self.budgets}); a tree of budget N "
                                 "has at most N children per node")
@@ -127,7 +133,8 @@ class BenchPlan:
             if m == "ar" or m not in self.methods:
                 continue
             if "budget" in proposer_class(m).options:  # each budget with each cap that fits it (topk <= budget)
-                out += [Config(m, b, k) for b in sorted(set(self.budgets)) for k in caps if k is None or k <= b]
+                budgets = sorted(set(self.budgets), key=lambda b: (b == "auto", nodes(b)))  # auto last
+                out += [Config(m, b, k) for b in budgets for k in caps if k is None or k <= nodes(b)]
             else:
                 out.append(Config(m))
         if self.compile_modes:
@@ -139,6 +146,12 @@ class BenchPlan:
         ours = len(self.temperatures) * len(self.concurrency) * len(self.configs())
         peers = len(self.temperatures) * len(PEERS) if self.peers else 0
         return (ours + peers) * (self.warmup + self.repeats)
+
+
+def nodes(budget: int | str) -> int:
+    """The most draft nodes a tree of this budget holds ("auto": the largest it may choose)."""
+    from .engine.engine import AUTO_MAX_BUDGET
+    return AUTO_MAX_BUDGET if budget == "auto" else budget
 
 
 def median(xs: list[float]) -> float:
@@ -183,7 +196,8 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
                 accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
                 steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings),
-                token_ids=[o.token_ids for o in outs])
+                token_ids=[o.token_ids for o in outs], budgets=[b for o in outs for b in o.metrics.budgets],
+                predicted_taus=[t for o in outs for t in o.metrics.predicted_taus])
 
 
 # ---------------------------------------------------------------------------- isolated costs
@@ -199,18 +213,24 @@ class ComponentCosts:
     context: int
     draft_len: int = 10             # the engine's ngram chain length (its tree size - 1)
 
-    def bound(self, cfg: Config, tau: float, block_size: int) -> float:
+    def bound(self, cfg: Config, tau: float, block_size: int) -> float | None:
+        """None for budget="auto": one fixed tree per round, which the bound assumes, is not what it runs."""
         if cfg.method == "ar":
             return 1.0
         n = tree_size(cfg, block_size, self.draft_len)
+        if n is None:
+            return None
         return tau * self.forward[1] / max(self.draft.get(cfg, 0.0) + self.forward[n], 1e-12)
 
 
-def tree_size(cfg: Config, block_size: int, draft_len: int = 10) -> int:
+def tree_size(cfg: Config, block_size: int, draft_len: int = 10) -> int | None:
     """Tokens per sequence in one verify forward: the root plus the draft nodes (a capped tree of
-    depth block_size - 1 holds at most topk + topk^2 + ... nodes; an ngram chain at most draft_len)."""
+    depth block_size - 1 holds at most topk + topk^2 + ... nodes; an ngram chain at most draft_len).
+    None for budget="auto": its size changes every round."""
     if "budget" not in proposer_class(cfg.method).options:
         return {"ar": 1, "dflash": block_size, "ngram": draft_len + 1}[cfg.method]
+    if cfg.budget == "auto":
+        return None
     budget = cfg.budget or 0
     if cfg.topk is not None:
         budget = min(budget, sum(cfg.topk ** d for d in range(1, block_size)))
@@ -230,7 +250,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
 
     eng = llm.engine
     block_size = eng.default_block_size
-    sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} | {1})
+    sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} - {None} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
     stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
     slots = [eng.blocks.allocate() for _ in range(concurrency)]
@@ -239,9 +259,9 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
 
     def seqs(cfg: Config) -> list[Sequence]:
         bs = 1 if cfg.method == "ar" else block_size
-        budget = {"ar": 0, "dflash": bs - 1}.get(cfg.method, cfg.budget or 0)
+        budget = {"ar": 0, "dflash": bs - 1}.get(cfg.method, nodes(cfg.budget or 0))
         return [Sequence(req_id=-1, prompt_ids=[0] * context, params=SamplingParams(max_tokens=block_size + 1),
-                         method=cfg.method, block_size=bs, budget=budget, generator=None, stop_ids=frozenset(),
+                         method=cfg.method, block_size=bs, budget=budget, uniforms=None, stop_ids=frozenset(),
                          topk=cfg.topk, output_ids=[0], slot=slot, length=context) for slot in slots]
 
     def forward_call(n: int):
@@ -364,25 +384,28 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
             if plan.exact_samples:
                 for cell, cfg in zip(group, runs):
                     if temp == 0:
-                        cell["exact"] = greedy_identity(runs, cfg)
+                        cell["exact"] = token_identity(runs, cfg)
                     else:  # one cell per (config, temperature), whatever the concurrency
                         if (cfg, temp) not in chi_square:
                             chi_square[cfg, temp] = chi_square_cell(
                                 cfg, replace(base, temperature=temp), plan.exact_samples,
                                 compiled=loaded_compiled if cfg.compiled is None else cfg.compiled)
-                        cell["exact"] = chi_square[cfg, temp]
+                        cell["exact"] = with_seeded_identity(chi_square[cfg, temp],
+                                                             token_identity(runs, cfg, "seeded identity"))
             cells += group
     return {"cells": cells, "peers": peers}
 
 
 # ---------------------------------------------------------------------------- exactness
-def greedy_identity(runs: dict[Config, list[Pass]], cfg: Config) -> dict:
-    """T=0: every prompt's tokens in every timed pass of `cfg` equal plain decoding's (the group's
-    first `ar` pass); `ar` itself is the reference (its own passes must agree with it too)."""
+def token_identity(runs: dict[Config, list[Pass]], cfg: Config, check: str = "greedy identity") -> dict:
+    """Every prompt's tokens in every timed pass of `cfg` equal plain decoding's (the group's first
+    `ar` pass); `ar` itself is the reference (its own passes must agree with it too). At T=0 that is
+    greedy identity; at T>0 "seeded identity": each prompt has its own seed in every config, and a
+    seeded request commits plain decoding's seeded tokens (`sampling.Uniforms`)."""
     ref = runs[cfg.baseline][0].token_ids
     outs = [ids for p in runs[cfg] for ids in p.token_ids]
     same = sum(ids == ref[i % len(ref)] for i, ids in enumerate(outs))
-    return {"check": "reference" if cfg.method == "ar" else "greedy identity", "passed": same == len(outs),
+    return {"check": "reference" if cfg.method == "ar" else check, "passed": same == len(outs),
             "identical": same, "outputs": len(outs)}
 
 
@@ -412,6 +435,15 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
             "pair": "exactness.tiny_pair (V=8, block 3), drafts = the target's greedy chain"}
 
 
+def with_seeded_identity(chi: dict, identity: dict) -> dict:
+    """A T>0 cell's evidence: the chi-square cell on the tiny pair and, on this run's pair, the
+    seeded outputs equal to plain decoding's; exact when both hold."""
+    if chi["check"] == "reference":
+        return chi
+    return {**chi, "passed": chi["passed"] and identity["passed"], "identical": identity["identical"],
+            "outputs": identity["outputs"]}
+
+
 @functools.cache
 def _tiny_pair():
     from .exactness import tiny_pair
@@ -427,7 +459,8 @@ def exact_label(exact: dict | None) -> str:
     verdict = "yes" if exact["passed"] else "NO"
     if exact["check"] == "greedy identity":
         return f"{verdict} {exact['identical']}/{exact['outputs']}"
-    return f"{verdict} p={exact['p_value']:.2g}"
+    same = f" {exact['identical']}/{exact['outputs']}" if "identical" in exact else ""
+    return f"{verdict} p={exact['p_value']:.2g}{same}"
 
 
 def inexact(report: dict) -> list[dict]:
@@ -441,6 +474,10 @@ def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int, max_ng
             "max_matching_ngram_size": max_ngram if name == "hf_prompt_lookup" else None,
             "tok_s": median([p.tok_s for p in passes]), "tok_s_runs": [p.tok_s for p in passes],
             "completion_tokens": sum(p.tokens for p in passes)}
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def mean_tau(passes: list[Pass]) -> float:
@@ -475,7 +512,9 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
             "rounds": len(taus), "steps": sum(p.steps for p in passes), "mean_accept_length": tau,
             "accept_length_histogram": hist,
             "costs_ms": {"c1": 1e3 * costs.forward[1], "draft": 1e3 * costs.draft.get(cfg, 0.0),
-                         "verify": 1e3 * costs.forward[n], "tree_size": n, "context": costs.context},
+                         "verify": 1e3 * costs.forward[n] if n else None, "tree_size": n, "context": costs.context},
+            "mean_budget": mean([b for p in passes for b in p.budgets]),
+            "predicted_tau": mean([t for p in passes for t in p.predicted_taus]),
             "phase_ms_per_step": {k: 1e3 * median([p.per_step((k,)) for p in passes]) for k in phases},
             "speedup_vs_ar": speedup, "bound": bound,
             "bound_share": speedup / bound if speedup is not None and bound else None,
@@ -491,16 +530,18 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 def table(report: dict) -> str:
     """The terminal table: one row per cell, then the peers."""
-    head = ["temp", "conc", "config", "tok/s", "tau", "exact", "x ar", "x hf", "x hf-pld", "bound", "share"]
+    head = ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact", "x ar", "x hf", "x hf-pld",
+            "bound", "share"]
     rows = []
     for c in report["cells"]:
         vp = c["speedup_vs_peers"]
         rows.append([f"{c['temperature']:g}", str(c["concurrency"]), c["label"], _fmt(c["tok_s"], ".1f"),
-                     _fmt(c["mean_accept_length"]), exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]),
+                     _fmt(c["mean_accept_length"]), _fmt(c.get("predicted_tau")), _fmt(c.get("mean_budget"), ".1f"),
+                     exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]),
                      _fmt(vp.get("hf_generate")), _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]),
                      _fmt(c["bound_share"])])
     for q in report["peers"]:
-        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 7)
+        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 9)
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
@@ -527,11 +568,15 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              "step's time beyond those model calls (tree building, packing, sampling, commit, prefill, Python) "
              "relative to them: below 1 when a speculative round's overhead weighs more than a plain step's.",
              "", "exact: at T=0 greedy identity — `yes k/n`: k of the n outputs (prompts × timed passes) equal "
-             "plain decoding's (`ar`, ref) token for token; at T>0 the chi-square cell of `exactness.py` — the "
-             "same method, budget, topk and top-k/top-p/min-p at that temperature, "
+             "plain decoding's (`ar`, ref) token for token; at T>0 the same seeded identity (each prompt keeps "
+             "its seed in every config, and a seeded request commits plain decoding's seeded tokens) and the "
+             "chi-square cell of `exactness.py` — the same method, budget, topk and top-k/top-p/min-p at that temperature, "
              f"{_exact_samples(report)} seeded runs on the tiny V=8 pair against its exactly enumerated "
              "distribution of the first tokens (`yes p=…`: chi-square p > 1e-3, TV within sampling noise, drafts "
-             "verified). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain).",
+             "verified). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain). "
+             "`@auto`: the tree size chosen every round (`N`: the mean draft nodes it verified per round, 0 "
+             "for a plain round; `pred`: the mean tau it expected, to check its calibration; no bound: "
+             "its tree changes every round).",
              "", "```", table(report), "```", "",
              "Where a step's time goes (ms per engine step, median over timed passes; `c(1)`, `draft`, "
              "`verify`: the isolated model costs of the bound), one row per cell — with `--compile-modes "
@@ -582,7 +627,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         col = colors[i % len(colors)]
         for j, k in enumerate(sorted({c.get("topk") for c in cells if c["method"] == "ddtree"},
                                      key=lambda k: (k is not None, k or 0))):
-            tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t
+            tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t and c["budget"] != "auto"
                            and c["concurrency"] == conc0 and c.get("topk") == k), key=lambda c: c["budget"])
             if not tree:
                 continue
@@ -597,8 +642,12 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         for c in cells:
             if c["method"] == "dflash" and c["temperature"] == t and c["concurrency"] == conc0:
                 ax.axhline(c["speedup_vs_ar"], ls="--", color=col, alpha=0.7, label=f"dflash T={t:g}")
+            if c["budget"] == "auto" and c["temperature"] == t and c["concurrency"] == conc0 and c.get("topk") is None:
+                # at the mean tree size it chose (a plain round counts 0 nodes; the log axis needs > 0)
+                ax.plot([max(c["mean_budget"] or 0.0, 0.25)], [c["speedup_vs_ar"]], "*" if c["method"] == "ddtree"
+                        else "P", ms=12, color=col, label=f"{c['method']} auto T={t:g} (mean N {c['mean_budget']:.1f})")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xlabel="DDTree budget N (draft nodes per round)", ylabel="speedup vs ar (tok/s ratio)",
+    ax.set(xlabel="DDTree budget N (draft nodes per round; auto: the mean it chose)", ylabel="speedup vs ar (tok/s ratio)",
            title=f"Speedup vs budget (concurrency {conc0})")
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "speedup_vs_budget.png"))

@@ -237,7 +237,7 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     cell.tv_limit = reference_tv(exact, cell.n, seed=seed) + TV_MARGIN
     cell.categories = len(exact)
     cell.notes["drafts_verified"] = cell.method == "ar" or mean_tau > 1  # else the check proved nothing
-    cell.passed = cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.notes["drafts_verified"]
+    cell.passed = bool(cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.notes["drafts_verified"])
     return cell
 
 
@@ -264,7 +264,7 @@ def wrong_temperature(engine: Engine, factor: float = 1.1) -> None:
 def greedy_walk_sampled_bonus(engine: Engine) -> None:
     """Walk the tree with argmax draws but sample the bonus: lossy at T > 0."""
     def _verify(batch, vin, logits):
-        sampled = vin.scatter(engine._sample(batch, logits, vin.spans))
+        sampled = engine._draws(batch, vin, logits)
         greedy = vin.scatter(logits.argmax(-1))
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.vis)
         out.bonus = sampled.gather(1, out.last[:, None]).squeeze(1)

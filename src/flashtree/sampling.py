@@ -3,7 +3,9 @@
 Used unchanged for plain decoding, for every node of a verify pass, and for the bonus token,
 so speculative output has exactly the target's sampling distribution. Pure batched tensor
 functions: each row carries its own parameters; rows with temperature 0 become one-hot argmax.
-Randomness comes only from per-request `torch.Generator`s passed in by the caller.
+Randomness comes only from per-request `Uniforms`: one uniform per *output position*, so the
+token a request samples at position k is the same whichever round, tree, budget or batch draws
+it — a seeded speculative run repeats plain decoding's seeded output token for token.
 
 A `FilterPlan` (host-side facts about the batch's parameters) lets the pipeline skip work no row
 needs — the vocabulary sort when no row uses top-k or top-p, a partial `topk` instead of a full
@@ -73,26 +75,56 @@ def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     return probs
 
 
-def sample(probs: torch.Tensor, spans: list[tuple[int, int]],
-           generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Draw one token per row of probs [R, V]. Rows spans[i][0]:spans[i][1] belong to request i
-    and use its generator (None = greedy request: argmax, no randomness).
+class Uniforms:
+    """A sampled request's uniform draws, one per output position: `at(k)` is the u that decides
+    output token k. The stream is drawn from the request's own generator in fixed blocks of
+    `BLOCK`, in order, so it depends on the seed only — not on how many rows a round draws.
+
+    Why this keeps speculation exact and makes it repeat plain decoding: the verify rule commits,
+    at depth d of the accepted path, the target's draw at that node, and that node's context *is*
+    the committed context. With the draw at depth d made from u[n + d] (n = tokens already
+    output), output token k is always F^-1(u[k]) under the target's distribution given the true
+    prefix — plain decoding's token with the same u. Siblings share u[n + d], but only one node
+    per depth is ever committed; and how far a round accepts depends only on the u's it commits,
+    so every round starts on fresh ones."""
+    BLOCK = 64
+    __slots__ = ("generator", "values")
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self.values = torch.empty(0, dtype=torch.float64, device=device)
+
+    def at(self, index: torch.Tensor, end: int) -> torch.Tensor:
+        """u at the output positions `index` [R] (long, on the generator's device) -> [R] float64;
+        `end` > every index (known on the host: no device sync)."""
+        while self.values.numel() < end:
+            block = torch.rand(self.BLOCK, generator=self.generator, dtype=torch.float64,
+                               device=self.values.device)
+            self.values = torch.cat([self.values, block])
+        return self.values[index]
+
+
+def sample(probs: torch.Tensor, spans: list[tuple[int, int]], uniforms: list[torch.Tensor | None]) -> torch.Tensor:
+    """Draw one token per row of probs [R, V]. Rows spans[i][0]:spans[i][1] belong to request i,
+    drawn with its uniforms[i] [hi - lo] float64 in [0, 1) (None = greedy request: argmax, no
+    randomness).
 
     Inverse CDF: with u ~ U[0, 1) per row, take the first token whose cumulative mass (float64)
     exceeds u * total. An exact draw from p that never picks a zero-probability token; one
     uniform per row, no host sync. A sampled row with no valid mass (NaN, inf or all zero) draws
     the sentinel V (no token): the caller fails that request instead of feeding V to the model."""
     R, device = probs.shape[0], probs.device
-    requests = [(lo, hi, gen) for (lo, hi), gen in zip(spans, generators) if hi > lo]
-    if all(gen is None for _, _, gen in requests):
+    requests = [(lo, hi, us) for (lo, hi), us in zip(spans, uniforms) if hi > lo]
+    if all(us is None for _, _, us in requests):
         return probs.argmax(-1)
     u = torch.zeros(R, dtype=torch.float64, device=device)                    # [R]
     greedy_rows = torch.zeros(R, dtype=torch.bool, device=device)             # [R]
-    for lo, hi, gen in requests:
-        if gen is None:
+    for lo, hi, us in requests:
+        if us is None:
             greedy_rows[lo:hi] = True
         else:
-            u[lo:hi] = torch.rand(hi - lo, generator=gen, dtype=torch.float64, device=device)
+            u[lo:hi] = us
     cdf = probs.double().cumsum(-1)                                            # [R, V]
     total = cdf[:, -1]
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total

@@ -20,7 +20,7 @@ from ..speculative.proposer import METHODS, needs_drafter
 from ..errors import UserError
 from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
 
-DEFAULT_BUDGETS = [4, 8, 16, 32]
+DEFAULT_BUDGETS = [4, 8, 16, 32, "auto"]
 
 
 def _list(kind):
@@ -31,6 +31,15 @@ def _list(kind):
             raise ValueError(f"expected a comma-separated list of {kind.__name__}, got '{text}'") from None
     parse.__name__ = f"list of {kind.__name__}"
     return parse
+
+
+def _budgets(text: str) -> list[int | str]:
+    """Comma list of tree budgets: integers and/or 'auto'."""
+    try:
+        return [x.strip().lower() if x.strip().lower() == "auto" else int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers and/or 'auto', got '{text}'") \
+            from None
 
 
 def _topks(text: str) -> list[int | None]:
@@ -51,7 +60,7 @@ def add_arguments(p) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
     p.add_argument("--methods", type=_list(str), default=None,
                    help=f"comma list of {','.join(METHODS)} (default: all; ar is always run as the baseline)")
-    p.add_argument("--budgets", type=_list(int), default=None,
+    p.add_argument("--budgets", type=_budgets, default=None,
                    help=f"comma list of DDTree budgets (default: --budget, else {','.join(map(str, DEFAULT_BUDGETS))})")
     p.add_argument("--topks", type=_topks, default=None,
                    help="comma list of DDTree branching caps, 'none' = no cap, each run with every budget it fits "

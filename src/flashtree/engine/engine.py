@@ -21,7 +21,7 @@ import torch
 from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
-from ..sampling import FilterPlan, logits_to_probs, sample
+from ..sampling import FilterPlan, Uniforms, logits_to_probs, sample
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
@@ -36,10 +36,9 @@ from .sequence import Sequence
 log = logging.getLogger("flashtree.engine")
 
 MAX_BUDGET = 512
-DEFAULT_BUDGET = 16  # bundled pair, CPU, T=0: 8 and 16 trade the lead between runs; 16 has the higher tau (benchmarks/cpu)
-# not "auto" yet: its choices follow measured timings, so a seeded sampled run no longer repeats
-# exactly (the draws a round consumes depend on its tree) -- tests/test_server.py::test_sampling_n_and_seed
 AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
+DEFAULT_BUDGET = AUTO  # ddtree and hybrid: a seeded sampled run still repeats exactly whatever the choices
+                       # (each output position has its own uniform: sampling.Uniforms)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 MAX_PAGE_SIZE = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens prefilled per step: a chunk costs ~3x a round on CPU (benchmarks/paged)
@@ -291,17 +290,16 @@ class Engine:
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
         shape = self.proposers[method].configure(block_size, budget, topk, options)
-        gen = None
+        uniforms = None
         if not params.greedy:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+            uniforms = Uniforms(params.seed if params.seed is not None else random.getrandbits(63), self.device)
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids.update(self.eos_token_ids)
         if params.stop and self.decode is None:
             raise RequestError("stop strings need a tokenizer", "stop")
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
-                       generator=gen, stop_ids=frozenset(stop_ids), **shape)
+                       uniforms=uniforms, stop_ids=frozenset(stop_ids), **shape)
         seq.metrics.prompt_tokens = len(prompt_ids)
         self._next_id += 1
         self.waiting.append(seq)
@@ -447,8 +445,9 @@ class Engine:
         logits, feats = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
         done = [s.prefilled + s.chunk == len(s.cache_ids) for s in seqs]
         fresh = [b for b, s in enumerate(seqs) if done[b] and not s.output_ids]
-        first = self._sample([seqs[b] for b in fresh], logits[fresh], [(i, i + 1) for i in range(len(fresh))]) \
-            if fresh else None
+        zero = torch.zeros(len(fresh), dtype=torch.long, device=dev)  # each draws its output position 0
+        first = self._sample([seqs[b] for b in fresh], logits[fresh], [(i, i + 1) for i in range(len(fresh))],
+                             zero, [0] * len(fresh)) if fresh else None
         for b, s in enumerate(seqs):
             s.prefilled += s.chunk
             s.length, s.decoding = s.prefilled, done[b]
@@ -493,9 +492,12 @@ class Engine:
         self.stats["seqs_in_forwards"] += len(batch)
         return logits, feats
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
-        """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]."""
-        if all(s.generator is None for s in seqs):
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
+                depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:
+        """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]. Row r is drawn with
+        the u of output position len(output_ids) + depths[r] (depths [R] on the device;
+        deepest[i]: seqs[i]'s largest), so a token's draw never depends on the round's shape."""
+        if all(s.uniforms is None for s in seqs):
             return logits.argmax(-1)  # all greedy: the pipeline is the argmax
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
@@ -507,11 +509,17 @@ class Engine:
         plan = FilterPlan.of(temps, top_ks, top_ps, logits.shape[-1])
         probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
                                 per_row(top_ps, torch.float32), per_row([p.min_p for p in ps], torch.float32), plan)
-        return sample(probs, spans, [s.generator for s in seqs])
+        us = [None if s.uniforms is None else
+              s.uniforms.at(len(s.output_ids) + depths[lo:hi], len(s.output_ids) + deep + 1)
+              for s, (lo, hi), deep in zip(seqs, spans, deepest)]
+        return sample(probs, spans, us)
+
+    def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> torch.Tensor:
+        """[B, T] the target's draw at every node of the packed trees."""
+        return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
-        draws = vin.scatter(self._sample(batch, logits, vin.spans))           # [B, T]
-        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, draws, vin.vis)
+        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, self._draws(batch, vin, logits), vin.vis)
 
     def _commit(self, batch, out: RoundOutput) -> None:
         trees, vout, feats = out.trees, out.vout, out.feats

@@ -31,6 +31,12 @@ class VerifyInput:
     vis: torch.Tensor        # [B, T, T] bool: node t sees node j (ancestors and itself)
     nodes: torch.Tensor      # [R] flat indices (b * T + t) of the valid nodes, sequence-major
     sizes: list[int]         # nodes per sequence (root included)
+    deepest: list[int]       # each sequence's largest node depth
+
+    @property
+    def row_depths(self) -> torch.Tensor:
+        """[R] the depth of each valid node, in row (sequence-major) order."""
+        return self.depths.flatten()[self.nodes]
 
     @property
     def spans(self) -> list[tuple[int, int]]:
@@ -64,4 +70,4 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        depths=depths_t, valid=torch.from_numpy(valid).to(device),
                        positions=length[:, None] + depths_t, lengths=length, vis=torch.from_numpy(vis).to(device),
                        nodes=torch.from_numpy(np.flatnonzero(valid)).to(device),
-                       sizes=[t.size for t in trees])
+                       sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])

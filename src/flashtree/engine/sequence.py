@@ -4,8 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
-
+from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
 
 
@@ -46,7 +45,7 @@ class Sequence:
     method: str                       # a name in speculative.proposer.METHODS
     block_size: int                   # deepest draft + 1: the drafter block length (1 for ar)
     budget: int                       # draft nodes per round (0 for ar)
-    generator: torch.Generator | None  # None for greedy
+    uniforms: Uniforms | None         # its draws, one per output position; None for greedy
     stop_ids: frozenset[int]
     topk: int | None = None           # most children per ddtree node (None = no cap)
     auto: bool = False                # budget="auto": each round verifies a chosen prefix of its tree

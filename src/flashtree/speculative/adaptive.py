@@ -20,7 +20,9 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
 (the last round's curves re-rated with the current calibration; a sequence that stopped drafting
 re-probes after a gap that doubles while probe rounds do not commit enough tokens to recover
 half their cost over a plain round); after the trees are built it picks T and cuts each auto
-sequence's tree to its first T-1 nodes; after the commit it learns. Every input is committed
+sequence's tree to its first T-1 nodes; after the commit it learns. When a sequence finishes
+having found that drafting did not pay, the next one with the same sampling setting starts on
+plain rounds with its probe gap instead of a drafting round (`release`). Every input is committed
 history, draft probabilities or measured time — never the current round's verify draws — so the
 choice keeps decoding lossless. This module does not build trees, verify or sample.
 """
@@ -47,6 +49,9 @@ PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 64      # ... a gap that doubles while probes keep choosing no draft node, up to this
+MIN_VERDICTS = 2        # a finished sequence passes its probe gap on after this many probe rounds ...
+UNPAID_RATIO = 3        # ... when under one in 3 of them paid for itself
+MAX_INHERITED = 8       # verdicts of each kind passed on at most
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
 
 
@@ -90,6 +95,12 @@ def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
     probabilities of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes)."""
     probs = calibration.rate(path_logprobs(tree)[1:])
     return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
+
+
+def setting(seq: Sequence) -> tuple:
+    """What makes two requests' acceptance alike: method and sampling parameters (greedy: any filters)."""
+    p = seq.params
+    return (seq.method, 0.0) if p.greedy else (seq.method, p.temperature, p.top_k, p.top_p, p.min_p)
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -239,6 +250,8 @@ class AutoState:
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
+    paid: int = 0                         # its probe rounds that paid for themselves (settle) ...
+    unpaid: int = 0                       # ... and those that did not
 
 
 class AdaptiveBudget:
@@ -248,10 +261,16 @@ class AdaptiveBudget:
         self.costs = CostTable()
         self.probe_every = probe_every
         self.states: dict[Sequence, AutoState] = {}
+        # sampling setting -> (probe gap, paid, unpaid probe rounds) a new sequence starts with: set
+        # when the last sequence of that setting to finish found drafting did not pay (see release);
+        # absent: start by drafting
+        self.starts: dict[tuple, tuple[int, int, int]] = {}
 
     def state(self, seq: Sequence) -> AutoState:
         if seq not in self.states:
-            self.states[seq] = AutoState()
+            start = self.starts.get(setting(seq)) if self.starts else None
+            self.states[seq] = AutoState() if start is None else \
+                AutoState(probe_gap=start[0], prefers_plain=True, paid=start[1], unpaid=start[2])
         return self.states[seq]
 
     def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
@@ -264,7 +283,8 @@ class AdaptiveBudget:
             return True
         if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
             return False
-        curves = [np.concatenate([[1.0], 1.0 + np.cumsum(st.calibration.rate(st.last_paths))]) for st in states]
+        curves = [np.ones(1) if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
+                  np.concatenate([[1.0], 1.0 + np.cumsum(st.calibration.rate(st.last_paths))]) for st in states]
         fixed = batch - len(seqs)
         spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
@@ -274,10 +294,12 @@ class AdaptiveBudget:
         return wants
 
     def _due(self, st: AutoState) -> bool:
-        """A sequence with no curve yet, or whose probe gap has passed, drafts this round (the
-        drafter then runs for the whole batch, so one pass serves every due sequence and resets
-        all their gaps together)."""
-        return st.last_paths is None or st.undrafted + 1 >= (st.probe_gap or self.probe_every)
+        """A sequence with no curve yet (unless it started plain, see release), or whose probe gap
+        has passed, drafts this round (the drafter then runs for the whole batch, so one pass serves
+        every due sequence and resets all their gaps together)."""
+        if st.last_paths is None and st.probe_gap is None:
+            return True
+        return st.undrafted + 1 >= (st.probe_gap or self.probe_every)
 
     def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
             ) -> tuple[list[DraftTree], list[Choice | None]]:
@@ -335,9 +357,24 @@ class AdaptiveBudget:
         for seq, _, _ in drafted:
             st = self.state(seq)
             st.probe_gap = None if paid else min(2 * (st.probe_gap or self.probe_every), MAX_PROBE_GAP)
+            st.paid += paid
+            st.unpaid += not paid
 
     def release(self, seq: Sequence) -> None:
-        self.states.pop(seq, None)
+        """The sequence left the engine. If, over its probe rounds and those it inherited, at least
+        MIN_VERDICTS in all, too few paid (under one in UNPAID_RATIO), the next sequence of its
+        sampling setting starts where it left off: plain rounds, its first probe after this one's
+        last gap, and its verdict counts (each capped at MAX_INHERITED, so old evidence fades) —
+        not a drafting round first, which every request otherwise pays. Else the next one starts
+        by drafting. Committed outcomes only, so lossless."""
+        st = self.states.pop(seq, None)
+        if st is None or not seq.finished:  # preempted: it comes back with a fresh state
+            return
+        if st.paid + st.unpaid >= MIN_VERDICTS and st.paid * UNPAID_RATIO < st.unpaid:
+            self.starts[setting(seq)] = (st.probe_gap or self.probe_every, min(st.paid, MAX_INHERITED),
+                                         min(st.unpaid, MAX_INHERITED))
+        else:
+            self.starts.pop(setting(seq), None)
 
 
 # ----------------------------------------------------------------------------- seeding costs
@@ -391,7 +428,7 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
                 for B in batches:
                     seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
                                      method="ddtree", block_size=engine.default_block_size,
-                                     budget=engine.auto_budget, generator=None, stop_ids=frozenset(),
+                                     budget=engine.auto_budget, uniforms=None, stop_ids=frozenset(),
                                      output_ids=[0], slot=slot, length=ctx) for slot in slots[:B]]
                     temp += seqs
 
