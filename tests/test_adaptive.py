@@ -274,6 +274,8 @@ def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
             ctl.learn(s, tree, list(range(tau)), choice)
         ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
 
+    probe([(seq, 3)])
+    assert ctl.state(seq).probe_gap is None and ctl.state(seq).paid == 0  # its first drafted round: no verdict
     probe([(seq, 2)])
     assert ctl.state(seq).probe_gap == 16     # accepted a node, but 2 < 3
     probe([(seq, 2)])
@@ -283,6 +285,8 @@ def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
     probe([(seq, 1)], nodes=0)
     assert ctl.state(seq).probe_gap == 16     # verified nothing
     batch = [object() for _ in range(8)]
+    probe([(s, 1) for s in batch])  # their first drafted round
+    assert all(ctl.state(s).probe_gap is None for s in batch)
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # one of 8 did well: mean 1.4 < 2
     assert all(ctl.state(s).probe_gap == 16 for s in batch)
 

@@ -19,9 +19,10 @@ than a plain step's, above 1 when less (or when short generations leave rounds u
 
 Every speculative cell also says whether its output is exact (`exactness`): at T=0 by greedy
 identity — each prompt's tokens equal plain decoding's (`ar`) in the same group — and at T>0 by
-the same identity of seeded outputs (each prompt keeps its seed across configs) and by the
-chi-square cell of `exactness.py`: the same method, budget, topk and filters at that temperature
-on the tiny enumerable pair, its samples tested against the exact distribution.
+the chi-square cell of `exactness.py`: the same method, budget, topk and filters at that
+temperature on the tiny enumerable pair, its samples tested against the exact distribution. At
+T>0 the cell also counts the seeded outputs equal to plain decoding's (each prompt keeps its seed
+across configs), which holds up to float32 rounding (`with_seeded_identity`).
 
 This module does no argument parsing (`commands/bench.py`) and no decoding of its own (`LLM`).
 """
@@ -436,12 +437,14 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
 
 
 def with_seeded_identity(chi: dict, identity: dict) -> dict:
-    """A T>0 cell's evidence: the chi-square cell on the tiny pair and, on this run's pair, the
-    seeded outputs equal to plain decoding's; exact when both hold."""
+    """A T>0 cell's evidence: the chi-square cell on the tiny pair (the verdict) and, on this run's
+    pair, how many seeded outputs equal plain decoding's. The identity is exact in float64 (tested);
+    in float32 a draw whose uniform falls within rounding of a CDF boundary can flip between two
+    forward shapes (seen about once in 7,000 sampled tokens on the bundled pair), so it informs
+    rather than decides."""
     if chi["check"] == "reference":
         return chi
-    return {**chi, "passed": chi["passed"] and identity["passed"], "identical": identity["identical"],
-            "outputs": identity["outputs"]}
+    return {**chi, "identical": identity["identical"], "outputs": identity["outputs"]}
 
 
 @functools.cache
@@ -568,12 +571,12 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              "step's time beyond those model calls (tree building, packing, sampling, commit, prefill, Python) "
              "relative to them: below 1 when a speculative round's overhead weighs more than a plain step's.",
              "", "exact: at T=0 greedy identity — `yes k/n`: k of the n outputs (prompts × timed passes) equal "
-             "plain decoding's (`ar`, ref) token for token; at T>0 the same seeded identity (each prompt keeps "
-             "its seed in every config, and a seeded request commits plain decoding's seeded tokens) and the "
-             "chi-square cell of `exactness.py` — the same method, budget, topk and top-k/top-p/min-p at that temperature, "
+             "plain decoding's (`ar`, ref) token for token; at T>0 the chi-square cell of `exactness.py` — the "
+             "same method, budget, topk and top-k/top-p/min-p at that temperature, "
              f"{_exact_samples(report)} seeded runs on the tiny V=8 pair against its exactly enumerated "
-             "distribution of the first tokens (`yes p=…`: chi-square p > 1e-3, TV within sampling noise, drafts "
-             "verified). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain). "
+             "distribution of the first tokens (`yes p=… k/n`: chi-square p > 1e-3, TV within sampling noise, drafts "
+             "verified; k/n: seeded outputs equal to plain decoding's, each prompt keeping its seed in every config — "
+             "exact up to float32 rounding of a draw at a CDF boundary). `ddtree@N/topkK`: budget N, at most K children per node (K=1: a chain). "
              "`@auto`: the tree size chosen every round (`N`: the mean draft nodes it verified per round, 0 "
              "for a plain round; `pred`: the mean tau it expected, to check its calibration; no bound: "
              "its tree changes every round).",

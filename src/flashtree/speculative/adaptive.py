@@ -250,6 +250,7 @@ class AutoState:
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
+    drafted: int = 0                      # rounds it drafted in
     paid: int = 0                         # its probe rounds that paid for themselves (settle) ...
     unpaid: int = 0                       # ... and those that did not
 
@@ -348,7 +349,8 @@ class AdaptiveBudget:
         least half of what the round cost over a plain one (tau >= 1 + (break_even - 1) / 2);
         then every gap resets, else every gap doubles (committed outcomes and measured costs
         only: lossless). One verdict per sequence let any one of eight T=1 sequences that
-        accepted a node keep the whole batch probing every 8th round."""
+        accepted a node keep the whole batch probing every 8th round. A sequence's first drafted
+        round gives it no verdict (its acceptance is not yet what it will be)."""
         if not drafted:
             return
         mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
@@ -356,6 +358,9 @@ class AdaptiveBudget:
         paid = any(c.nodes > 0 for _, c, _ in drafted) and mean_tau >= 1 + (break_even - 1) / 2
         for seq, _, _ in drafted:
             st = self.state(seq)
+            st.drafted += 1
+            if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
+                continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
             st.probe_gap = None if paid else min(2 * (st.probe_gap or self.probe_every), MAX_PROBE_GAP)
             st.paid += paid
             st.unpaid += not paid
