@@ -274,8 +274,8 @@ def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
             ctl.learn(s, tree, list(range(tau)), choice)
         ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
 
-    probe([(seq, 3)])
-    assert ctl.state(seq).probe_gap is None and ctl.state(seq).paid == 0  # its first drafted round: no verdict
+    probe([(seq, 2)])
+    assert ctl.state(seq).probe_gap is None  # its first drafted round: no verdict (2 < 3 would back off)
     probe([(seq, 2)])
     assert ctl.state(seq).probe_gap == 16     # accepted a node, but 2 < 3
     probe([(seq, 2)])

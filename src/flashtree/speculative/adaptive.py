@@ -49,9 +49,7 @@ PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 64      # ... a gap that doubles while probes keep choosing no draft node, up to this
-MIN_VERDICTS = 2        # a finished sequence passes its probe gap on after this many probe rounds ...
-UNPAID_RATIO = 3        # ... when under one in 3 of them paid for itself
-MAX_INHERITED = 8       # verdicts of each kind passed on at most
+INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
 
 
@@ -251,8 +249,6 @@ class AutoState:
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
     drafted: int = 0                      # rounds it drafted in
-    paid: int = 0                         # its probe rounds that paid for themselves (settle) ...
-    unpaid: int = 0                       # ... and those that did not
 
 
 class AdaptiveBudget:
@@ -262,16 +258,14 @@ class AdaptiveBudget:
         self.costs = CostTable()
         self.probe_every = probe_every
         self.states: dict[Sequence, AutoState] = {}
-        # sampling setting -> (probe gap, paid, unpaid probe rounds) a new sequence starts with: set
-        # when the last sequence of that setting to finish found drafting did not pay (see release);
-        # absent: start by drafting
-        self.starts: dict[tuple, tuple[int, int, int]] = {}
+        # sampling setting -> the probe gap a new sequence starts with: set when the last sequence of
+        # that setting to finish found drafting did not pay (see release); absent: start by drafting
+        self.starts: dict[tuple, int] = {}
 
     def state(self, seq: Sequence) -> AutoState:
         if seq not in self.states:
-            start = self.starts.get(setting(seq)) if self.starts else None
-            self.states[seq] = AutoState() if start is None else \
-                AutoState(probe_gap=start[0], prefers_plain=True, paid=start[1], unpaid=start[2])
+            gap = self.starts.get(setting(seq)) if self.starts else None
+            self.states[seq] = AutoState() if gap is None else AutoState(probe_gap=gap, prefers_plain=True)
         return self.states[seq]
 
     def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
@@ -362,22 +356,19 @@ class AdaptiveBudget:
             if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
                 continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
             st.probe_gap = None if paid else min(2 * (st.probe_gap or self.probe_every), MAX_PROBE_GAP)
-            st.paid += paid
-            st.unpaid += not paid
 
     def release(self, seq: Sequence) -> None:
-        """The sequence left the engine. If, over its probe rounds and those it inherited, at least
-        MIN_VERDICTS in all, too few paid (under one in UNPAID_RATIO), the next sequence of its
-        sampling setting starts where it left off: plain rounds, its first probe after this one's
-        last gap, and its verdict counts (each capped at MAX_INHERITED, so old evidence fades) —
-        not a drafting round first, which every request otherwise pays. Else the next one starts
-        by drafting. Committed outcomes only, so lossless."""
+        """The sequence left the engine. If it finished with its last two probe rounds unpaid (a
+        gap of at least INHERIT_GAP), the next sequence of its sampling setting starts where it
+        left off: plain rounds, its first probe after this gap — not a drafting round and a
+        probe every 8, 16, 32 rounds, which every request otherwise pays (at T=1 C=8 five
+        drafting rounds in 96). Else the next one starts by drafting. Committed outcomes only, so
+        lossless; a setting whose probes start paying again stops passing a gap on."""
         st = self.states.pop(seq, None)
         if st is None or not seq.finished:  # preempted: it comes back with a fresh state
             return
-        if st.paid + st.unpaid >= MIN_VERDICTS and st.paid * UNPAID_RATIO < st.unpaid:
-            self.starts[setting(seq)] = (st.probe_gap or self.probe_every, min(st.paid, MAX_INHERITED),
-                                         min(st.unpaid, MAX_INHERITED))
+        if (st.probe_gap or 0) >= INHERIT_GAP:
+            self.starts[setting(seq)] = st.probe_gap
         else:
             self.starts.pop(setting(seq), None)
 
