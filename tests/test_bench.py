@@ -81,6 +81,8 @@ def test_bench_writes_consistent_report(bench):
         else:
             assert x["check"] == "chi-square cell" and x["passed"] and x["samples"] == 2000
             assert (x["identical"], x["outputs"]) == (4, 4)
+        # concurrency C: at most C sequences per engine step (1: every step runs one sequence's round)
+        assert (c["steps"] == c["rounds"]) == (c["concurrency"] == 1), (c["label"], c["steps"], c["rounds"])
         if c["concurrency"] == 1:  # peers run at batch 1 and are compared with the batch-1 cells
             for q in peers:
                 if q["temperature"] == c["temperature"]:

@@ -186,7 +186,7 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
              concurrency: int) -> Pass:
     """Run the prompt set through `llm` with at most `concurrency` sequences per step."""
     eng = llm.engine
-    eng.config.max_batch_size = concurrency  # the KV cache was sized for the largest concurrency
+    eng.limit_batch(concurrency)  # the KV cache was sized for the largest concurrency
     if cfg.compiled is not None:
         eng.runner.use_compiled(cfg.compiled)
     eng.timings.clear()

@@ -317,6 +317,14 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def limit_batch(self, n: int) -> None:
+        """Run at most n sequences per step from now on (1 <= n <= the max_batch_size the engine
+        was built for: its cache slots). `bench` measures each concurrency this way."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.blocks.num_slots:
+            raise UserError(f"batch limit must be an integer in [1, {self.blocks.num_slots}] (the engine's "
+                            f"max_batch_size), got {n!r}")
+        self.scheduler.max_batch_size = n
+
     # ---------------------------------------------------------------- the round
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
