@@ -317,3 +317,14 @@ def test_trim_into_a_named_page_is_refused():
         b.trim(a, 5)
     b.trim(a, 4)  # whole named pages may go (they stay cached under their names)
     assert len(b.hashes[a]) == 1 and b.match([0, 1, 2, 3, 4, 5, 6, 7, 8], False)[0] == [1, 2]
+
+def test_reset_prefix_cache_frees_every_cached_page_only_when_no_slot_is_held():
+    b = BlockManager(8, 4, 2, 4)
+    a, _ = prefill(b, list(range(9)))  # 2 named pages + a partial one
+    b.drafted(a, 9)
+    assert not b.reset_prefix_cache() and b.match(list(range(9)), True)[0] == b.pages[a][:2]  # held: refused
+    b.free(a)
+    assert len(b.lru) == 2 and b.reset_prefix_cache()
+    assert not b.lru and not b.name and not b.by_name and not b.draft_ok.any()
+    assert sorted(b.free_pages) == list(range(1, 8)) and b.available == 7
+    assert b.match(list(range(9)), False) == ([], [])

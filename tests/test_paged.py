@@ -143,3 +143,18 @@ def test_everything_at_once_changes_no_token(models):
     assert [s.output_ids for s in seqs] == alone
     assert eng.scheduler.preemptions > 0 and eng.scheduler.prefix_hit_tokens > 0
     assert eng.blocks.used == 0 and eng.blocks.free_slots == 6
+
+
+def test_reset_prefix_cache_makes_the_next_request_prefill_again(models):
+    prompts = shared_prefix_prompts(2)
+    eng = engine(models)
+    first = drain(eng, prompts[:1])
+    seq = eng.add_request(prompts[1], GREEDY)
+    eng.step()
+    assert not eng.reset_prefix_cache()  # a request holds pages: refused
+    while eng.has_work():
+        eng.step()
+    hits = eng.scheduler.prefix_hit_tokens
+    assert hits == 36 and seq.output_ids
+    assert eng.reset_prefix_cache()
+    assert drain(eng, prompts[:1]) == first and eng.scheduler.prefix_hit_tokens == hits  # no new hit

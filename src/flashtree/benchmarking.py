@@ -189,6 +189,10 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     eng.limit_batch(concurrency)  # the KV cache was sized for the largest concurrency
     if cfg.compiled is not None:
         eng.runner.use_compiled(cfg.compiled)
+    # every pass prefills its prompts: pages cached by an earlier pass would favour the configs
+    # that can reuse them (a drafter-based request needs its drafter rows written too)
+    if not eng.reset_prefix_cache():
+        raise RuntimeError("bench: a pass started while requests were still running")
     eng.timings.clear()
     forwards = eng.stats["forwards"]
     t0 = time.perf_counter()

@@ -100,6 +100,11 @@ class LLM:
             self._workers, self._init_method = dtp.spawn_workers(size, self.model_path, dtype, device)
         return TPGroup(0, size)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt page (vLLM's `LLM.reset_prefix_cache`): True when done, False
+        while requests are running."""
+        return self.engine.reset_prefix_cache()
+
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (a no-op without tensor parallelism)."""
         runner = self.engine.runner

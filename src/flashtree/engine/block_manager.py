@@ -199,6 +199,18 @@ class BlockManager:
                 self.name[page] = h
                 self.by_name.setdefault(h, page)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached page (they become free). Only while no slot is held: False, and
+        nothing changed, otherwise."""
+        if self.free_slots < self.num_slots:
+            return False
+        self.free_pages.extend(reversed(self.lru))
+        self.lru.clear()
+        self.name.clear()
+        self.by_name.clear()
+        self.draft_ok[:] = False
+        return True
+
     def drafted(self, slot: int, rows: int) -> None:
         """The slot's drafter rows [0, rows) are written: full named pages below are reusable by
         drafter-based requests (a name held by a page without them moves to this one)."""

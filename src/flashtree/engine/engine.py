@@ -325,6 +325,11 @@ class Engine:
                             f"max_batch_size), got {n!r}")
         self.scheduler.max_batch_size = n
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (its pages become free), e.g. so a benchmark's passes all start
+        cold. Only while no request holds pages: False, and nothing changed, otherwise."""
+        return self.blocks.reset_prefix_cache()
+
     # ---------------------------------------------------------------- the round
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
@@ -560,7 +565,8 @@ class Engine:
         self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
         self.runner.move(slots, src, dst)
         for s in batch:
-            self.blocks.trim(s.slot, s.length)  # rejected nodes' rows: their pages go back
+            # rejected nodes' pages go back, past those the next round reserves again anyway
+            self.blocks.trim(s.slot, s.length + self._round_rows(s))
             if self.blocks.unnamed(s.slot, s.length):  # a page filled up: name it (prefix cache)
                 self.blocks.commit(s.slot, s.cache_ids, s.length)
             rows = self.drafts.cached_rows(s) if self.drafts is not None else None
