@@ -260,15 +260,23 @@ def test_a_setting_where_drafting_did_not_pay_starts_the_next_request_plain(mode
     assert not eng.adaptive.starts
 
 
-def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
-    """The gaps to the next probe reset only when the round's drafting sequences commit, on
-    average, 1 + (break_even - 1) / 2 tokens; one verdict for all of them (one drafter pass)."""
+class FakeSeq:
+    """What the controller reads of a sequence: its method, sampling and committed tokens."""
+    def __init__(self, prompt=(5, 6, 7), temperature=0.0):
+        self.method, self.params = "ddtree", SamplingParams(temperature=temperature)
+        self.prompt_ids, self.output_ids = list(prompt), []
+
+
+def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_paid_else_backs_off():
+    """One verdict on the round's mean tau for all its drafting sequences (one drafter pass):
+    tau >= break_even resets the gaps, 1 + (break_even - 1) / 2 <= tau < break_even keeps them,
+    less doubles them."""
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
-    ctl, seq = AdaptiveBudget(probe_every=8), object()
+    ctl, seq = AdaptiveBudget(probe_every=8), FakeSeq()
 
-    def probe(seqs_taus, nodes=6, break_even=5.0):  # needed: mean tau >= 3
+    def probe(seqs_taus, nodes=6, break_even=5.0):  # half-paid: mean tau >= 3; beat: >= 5
         choice = Choice(nodes, 2.5, paths, break_even)
         for s, tau in seqs_taus:
             ctl.learn(s, tree, list(range(tau)), choice)
@@ -280,11 +288,13 @@ def test_a_probe_round_backs_off_unless_its_mean_tau_pays_for_half_its_cost():
     assert ctl.state(seq).probe_gap == 16     # accepted a node, but 2 < 3
     probe([(seq, 2)])
     assert ctl.state(seq).probe_gap == 32
-    probe([(seq, 3)])
-    assert ctl.state(seq).probe_gap is None   # it paid
+    probe([(seq, 4)])
+    assert ctl.state(seq).probe_gap == 32     # half-paid: kept
+    probe([(seq, 5)])
+    assert ctl.state(seq).probe_gap is None   # beat plain decoding
     probe([(seq, 1)], nodes=0)
     assert ctl.state(seq).probe_gap == 16     # verified nothing
-    batch = [object() for _ in range(8)]
+    batch = [FakeSeq() for _ in range(8)]
     probe([(s, 1) for s in batch])  # their first drafted round
     assert all(ctl.state(s).probe_gap is None for s in batch)
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # one of 8 did well: mean 1.4 < 2
@@ -390,3 +400,89 @@ def test_server_auto_budget_reports_budgets(tiny_pair):
             assert r.status_code == 200 and r.json()["usage"]["spec"]["budget_histogram"] is None  # a fixed budget
     finally:
         srv.stop()
+
+
+def test_repeats_finds_an_earlier_occurrence_of_the_last_3gram_incrementally():
+    """The incremental check equals the definition at every length, prompt and output alike."""
+    from flashtree.speculative.adaptive import AutoState, repeats
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        toks = rng.integers(0, 4, size=40).tolist()
+        seq, st = FakeSeq(prompt=toks[:7]), AutoState()
+        for k in range(7, 41, int(rng.integers(1, 4))):  # tokens arrive a round's worth at a time
+            seq.output_ids = toks[7:k]
+            tail = tuple(toks[k - 3:k])
+            want = any(tuple(toks[j:j + 3]) == tail for j in range(k - 3))
+            assert repeats(seq, st) == want, (toks[:k], k)
+
+
+def never_pays():
+    """A pinned cost table where every verified token costs a plain step and the drafter one more."""
+    return table(lambda b, t: 1e-3 * t, draft=1e-3, learn=False)
+
+
+def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting():
+    """A sequence that starts plain (its setting's drafting did not pay) still probes in its first
+    round when its text repeats itself; one whose text does not waits for its gap. Repeats stop
+    calling probes in a setting where drafting rounds decided in repeating text beat plain
+    decoding less than half the time, and call them again once they do as often as not."""
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    ctl = AdaptiveBudget()
+    ctl.costs = never_pays()
+    ctl.starts[("ddtree", 0.0)] = (32, 0)  # greedy ddtree requests start plain, next probe in 32 rounds
+    plain, looping = FakeSeq(prompt=[1, 2, 3, 4, 5]), FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3])
+    assert not ctl.wants_draft([plain], 1)
+    assert ctl.wants_draft([looping], 1)
+    assert ctl.wants_draft([FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3], temperature=1.0)], 1)  # a fresh setting drafts
+
+    tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
+    paths = path_logprobs(tree)[1:]
+
+    def drafted(seq, tau):  # the round costs 5 plain ones: it beat plain decoding when tau >= 5
+        choice = Choice(6, 2.5, paths, 5.0)
+        ctl.learn(seq, tree, list(range(tau)), choice)
+        ctl.settle([(seq, choice, tau)])
+
+    drafted(looping, 4)            # drafting in repeating text paid half its cost but lost to plain: odds 1/3
+    looping.output_ids = [4]       # (2, 3, 4): repeats again, but its curve says plain is faster ...
+    assert not ctl.wants_draft([looping], 1)
+    assert not ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)  # ... and repeats no longer call probes
+    paying = FakeSeq(prompt=[5, 6, 7, 5, 6, 7])
+    assert not ctl.wants_draft([paying], 1)
+    drafted(paying, 5)             # a round in repeating text that beat plain decoding: odds 2/4
+    assert ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
+
+
+def test_a_setting_that_starts_plain_keeps_its_probe_clock_across_short_requests(models):
+    """Requests shorter than the probe gap: each starts plain where the last one's clock stood,
+    so the setting still re-probes as one long sequence would — passing the whole gap on made
+    every request plain from then on (it never reached its first probe)."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=160))
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)
+    passes = eng.runner.shapes
+    key = ("drafter", 1, drafter.config.block_size)
+    budgets = []
+    for i in range(12):  # 12 x 20 rounds; no prompt repeats a 3-gram, nor (nearly) its output
+        s = eng.add_request([10 + i, 40 + i, 70 + i], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        while eng.has_work():
+            eng.step()
+        budgets.append(s.metrics.budgets)
+    first = passes[key]
+    assert eng.adaptive.starts  # drafting did not pay: later requests start plain ...
+    later = [b[0] for b in budgets[3:]]
+    assert later.count(0) >= len(later) - 2  # ... nearly all of them (a repeat may call a probe)
+    assert 5 <= first <= 14, (first, budgets)  # ... and the setting still probes: 8, 16, 32, 64, 64 ...
+
+
+def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():
+    """The cost table's overhead is the round's whole wall time less its verify forward, drafter
+    pass and tree build — scheduling and Python included, which plain rounds pay as well."""
+    c = CostTable()
+    times = {"draft": 1.0e-3, "tree": 0.2e-3, "budget": 0.1e-3, "pack": 0.1e-3, "verify_forward": 2.0e-3,
+             "verify_walk": 0.3e-3, "commit": 0.2e-3}
+    c.observe(4, 9, 4, times, seconds=4.5e-3)
+    assert c.verify_s == {(4, 9): 2.0e-3} and c.draft_s[4] == pytest.approx(1.2e-3)
+    assert c.overhead_s[4] == pytest.approx(1.3e-3)  # 0.7 ms of timed phases + 0.6 ms untimed
+    c.observe(4, 1, 0, {"verify_forward": 1.0e-3, "pack": 0.1e-3}, seconds=1.5e-3)  # a plain round
+    assert c.overhead_s[4] == pytest.approx(0.8 * 1.3e-3 + 0.2 * 0.5e-3) and set(c.draft_s) == {4}

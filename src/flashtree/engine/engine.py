@@ -337,6 +337,7 @@ class Engine:
 
         A failure while preparing, prefilling or sampling fails only the sequences it belongs to
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
+        t0 = time.perf_counter()
         self.round_times = {}
         self._seed_costs()
         plan = self.scheduler.schedule()
@@ -353,7 +354,8 @@ class Engine:
                 self._timed("commit", self._commit, part, out)
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
                 out = parts[0][1]
-                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times)
+                spent = time.perf_counter() - t0 - sum(self.round_times.get(k, 0.0) for k in ("seed_costs", "prefill"))
+                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times, spent)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
                     entry["times"] = dict(self.round_times)
