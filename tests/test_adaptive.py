@@ -425,7 +425,8 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     """A sequence that starts plain (its setting's drafting did not pay) still probes in its first
     round when its text repeats itself; one whose text does not waits for its gap. Repeats stop
     calling probes in a setting where drafting rounds decided in repeating text beat plain
-    decoding less than half the time, and call them again once they do as often as not."""
+    decoding less than half the time, and call them again once they do as often as not. In a
+    batch, more than half its sequences must call one."""
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
     ctl = AdaptiveBudget()
     ctl.costs = never_pays()
@@ -451,6 +452,11 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     assert not ctl.wants_draft([paying], 1)
     drafted(paying, 5)             # a round in repeating text that beat plain decoding: odds 2/4
     assert ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
+    # in a batch the pass (and the widest tree) costs every sequence: more than half must call it
+    calm, loop = (lambda: FakeSeq(prompt=[1, 2, 3, 4, 5])), (lambda: FakeSeq(prompt=[7, 8, 9, 7, 8, 9]))
+    assert not ctl.wants_draft([loop(), calm(), calm()], 3)
+    assert not ctl.wants_draft([loop(), loop(), calm(), calm()], 4)
+    assert ctl.wants_draft([loop(), loop(), calm()], 3)
 
 
 def test_a_setting_that_starts_plain_keeps_its_probe_clock_across_short_requests(models):

@@ -304,13 +304,17 @@ class AdaptiveBudget:
 
     def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
-        unless every one has a curve, none is due for a re-probe, and plain decoding's predicted
-        rate beats the best rate with the drafter's cost included."""
+        unless every one has a curve, none is due for a re-probe, at most half the batch has a
+        repeat calling one (see _repeat_calls: the pass and the widest tree are paid by every
+        sequence of the batch), and plain decoding's predicted rate beats the best rate with the
+        drafter's cost included."""
         states = [self.state(s) for s in seqs]
         for s, st in zip(seqs, states):
             st.repeated = repeats(s, st)
         c = self.costs
-        if not c.measured or not c.draft_s or any(self._due(s, st) for s, st in zip(seqs, states)):
+        if not c.measured or not c.draft_s or any(self._due(st) for st in states):
+            return True
+        if 2 * sum(self._repeat_calls(s, st) for s, st in zip(seqs, states)) > batch:
             return True
         if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
             return False
@@ -324,15 +328,17 @@ class AdaptiveBudget:
             st.prefers_plain = not wants
         return wants
 
-    def _due(self, seq: Sequence, st: AutoState) -> bool:
-        """A sequence with no curve yet (unless it started plain, see release), whose probe gap
-        has passed, or that decodes plainly while its text repeats itself (while drafting in
-        repeating text has beaten plain decoding in its setting at least half the time), drafts this round (the drafter then runs for the
-        whole batch, so one pass serves every due sequence and resets all their gaps together)."""
+    def _due(self, st: AutoState) -> bool:
+        """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
+        has passed drafts this round (the drafter then runs for the whole batch, so one pass serves
+        every due sequence and resets all their gaps together)."""
         if st.last_paths is None and st.probe_gap is None:
             return True
-        if st.undrafted + 1 >= (st.probe_gap or self.probe_every):
-            return True
+        return st.undrafted + 1 >= (st.probe_gap or self.probe_every)
+
+    def _repeat_calls(self, seq: Sequence, st: AutoState) -> bool:
+        """A sequence decoding plainly while its text repeats itself calls for a probe, while
+        drafting in repeating text has beaten plain decoding in its setting at least half the time."""
         if not (st.prefers_plain and st.repeated):
             return False
         paid, rounds = self.repeat_odds.get(setting(seq), (0, 0))
