@@ -489,6 +489,20 @@ def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():
              "verify_walk": 0.3e-3, "commit": 0.2e-3}
     c.observe(4, 9, 4, times, seconds=4.5e-3)
     assert c.verify_s == {(4, 9): 2.0e-3} and c.draft_s[4] == pytest.approx(1.2e-3)
-    assert c.overhead_s[4] == pytest.approx(1.3e-3)  # 0.7 ms of timed phases + 0.6 ms untimed
-    c.observe(4, 1, 0, {"verify_forward": 1.0e-3, "pack": 0.1e-3}, seconds=1.5e-3)  # a plain round
-    assert c.overhead_s[4] == pytest.approx(0.8 * 1.3e-3 + 0.2 * 0.5e-3) and set(c.draft_s) == {4}
+    assert c.overhead_s[4] == pytest.approx(1.0e-3)  # 0.4 ms of timed phases (the walk apart) + 0.6 ms untimed
+    assert not c.walk_row_s  # no plain round's walk yet to measure the extra rows against
+    c.observe(4, 1, 0, {"verify_forward": 1.0e-3, "pack": 0.1e-3, "verify_walk": 0.1e-3}, seconds=1.5e-3)  # plain
+    assert c.overhead_s[4] == pytest.approx(0.8 * 1.0e-3 + 0.2 * 0.4e-3) and set(c.draft_s) == {4}
+    assert c.walk_s[4] == pytest.approx(0.1e-3)
+
+
+def test_the_sampling_walk_costs_each_extra_row_it_verifies():
+    """With top-p every row verified is a vocabulary sort: the round cost of a wide tree includes
+    its rows' walk, measured as the excess over a plain round's walk per extra row."""
+    c = table(lambda b, t: 1e-3, batches=(8,), learn=True)  # a flat forward: any width costs the same
+    plain = {"verify_forward": 1e-3, "verify_walk": 2e-3}
+    c.observe(8, 1, 0, plain, seconds=3.5e-3)
+    c.observe(8, 9, 8, {**plain, "draft": 1e-3, "verify_walk": 2e-3 + 64 * 0.2e-3}, seconds=20e-3)
+    assert c.walk_row_s[8] == pytest.approx(0.2e-3)
+    assert c.round_cost(8, 9) - c.round_cost(8, 1) == pytest.approx(64 * 0.2e-3)
+    assert np.allclose(c.round_cost(8, np.array([1, 9])), [c.round_cost(8, 1), c.round_cost(8, 9)])

@@ -134,6 +134,8 @@ class CostTable:
     verify_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, tokens/seq) -> target forward
     draft_s: dict[int, float] = field(default_factory=dict)               # batch -> drafter pass + tree build
     overhead_s: dict[int, float] = field(default_factory=dict)            # batch -> the rest of a round
+    walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
+    walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     learn: bool = True
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
 
@@ -184,24 +186,43 @@ class CostTable:
     def overhead(self, batch: int) -> float:
         return interpolate(self.overhead_s, batch) if self.overhead_s else 0.0
 
+    def record_walk(self, batch: int, tokens: int, secs: float) -> None:
+        """The verify walk (sampling every row, then the accept walk) of a round: a plain round's
+        is the base; a wider one's excess over it, per extra row, is the row cost (with top-p each
+        row is a vocabulary sort: 0.21 ms on a 2-core CPU, more than a row of the forward)."""
+        if tokens == 1:
+            self._ema(self.walk_s, batch, secs)
+        elif batch in self.walk_s:
+            self._ema(self.walk_row_s, batch, max(secs - self.walk_s[batch], 0.0) / (batch * (tokens - 1)))
+
+    def walk(self, batch: int, tokens):
+        """The verify walk of `batch` sequences x `tokens` (a number or an array): base + rows x row cost."""
+        base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
+        row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
+        return base + row * batch * (np.asarray(tokens, dtype=float) - 1) if np.ndim(tokens) else \
+            base + row * batch * (tokens - 1)
+
     def round_cost(self, batch: int, tokens):
-        """A round without its draft: the verify forward plus the round's other work (`tokens`:
-        a number or an array of widths)."""
+        """A round without its draft: the verify forward, its sampling walk and the round's other
+        work (`tokens`: a number or an array of widths)."""
         v = self.verify(batch, tokens)
-        return None if v is None else v + self.overhead(batch)
+        return None if v is None else v + self.walk(batch, tokens) + self.overhead(batch)
 
     def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
         `seconds` (the step's, less its prefill): the verify forward at its shape, the drafter
-        pass and tree build at the number of sequences it drafted (if any), and all the rest —
-        packing, sampling, commit, scheduling, Python — which a plain round pays too."""
+        pass and tree build at the number of sequences it drafted (if any), the sampling walk
+        (it grows with the rows verified), and all the rest — packing, commit, scheduling,
+        Python — which a plain round pays too."""
         if not self.learn or "verify_forward" not in times:
             return
         self.record_verify(batch, tokens, times["verify_forward"])
         draft = times.get("draft", 0.0) + times.get("tree", 0.0)
         if drafted:
             self.record_draft(drafted, draft)
-        self.record_overhead(batch, max(seconds - times["verify_forward"] - draft, 0.0))
+        walk = times.get("verify_walk", 0.0)
+        self.record_walk(batch, tokens, walk)
+        self.record_overhead(batch, max(seconds - times["verify_forward"] - draft - walk, 0.0))
 
 
 # -------------------------------------------------------------------------------- the choice
