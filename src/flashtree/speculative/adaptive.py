@@ -27,7 +27,8 @@ picks T and cuts each auto sequence's tree to its first T-1 nodes; after the com
 When a sequence finishes having found that drafting did not pay, the next one with the same
 sampling setting starts on plain rounds where its probe clock stood instead of a drafting round
 (`release`). Every input is committed history, draft probabilities or measured time — never the
-current round's verify draws — so the choice keeps decoding lossless. This module does not build trees, verify or sample.
+current round's verify draws — so the choice keeps decoding lossless. This module does not build
+trees, verify or sample.
 """
 from __future__ import annotations
 
@@ -278,10 +279,10 @@ class AutoState:
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
     drafted: int = 0                      # rounds it drafted in
-    repeated: bool = False                # its text repeated itself when this round was decided
     grams: set = field(default_factory=set)  # the REPEAT_NGRAM-grams of its committed tokens so far
     seen: int = 0                         # committed tokens already in `grams`
-    repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier
+    repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
+                                          # this round's decision: `repeats` runs in wants_draft only)
 
 
 def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
@@ -331,7 +332,7 @@ class AdaptiveBudget:
         drafter's cost included."""
         states = [self.state(s) for s in seqs]
         for s, st in zip(seqs, states):
-            st.repeated = repeats(s, st)
+            repeats(s, st)
         c = self.costs
         if not c.measured or not c.draft_s or any(self._due(st) for st in states):
             return True
@@ -360,7 +361,7 @@ class AdaptiveBudget:
     def _repeat_calls(self, seq: Sequence, st: AutoState) -> bool:
         """A sequence decoding plainly while its text repeats itself calls for a probe, while
         drafting in repeating text has beaten plain decoding in its setting at least half the time."""
-        if not (st.prefers_plain and st.repeated):
+        if not (st.prefers_plain and st.repeats):
             return False
         paid, rounds = self.repeat_odds.get(setting(seq), (0, 0))
         return (paid + 1) / (rounds + 2) >= 0.5
@@ -417,7 +418,7 @@ class AdaptiveBudget:
         accepted a node keep the whole batch probing every 8th round. A sequence's first drafted
         round gives it no verdict (its acceptance is not yet what it will be). Whether the round
         beat plain decoding (mean tau >= break_even) counts, per setting, for the sequences whose
-        text repeated (see _due)."""
+        text repeated (see _repeat_calls)."""
         if not drafted:
             return
         mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
@@ -428,7 +429,7 @@ class AdaptiveBudget:
         for seq, _, _ in drafted:
             st = self.state(seq)
             st.drafted += 1
-            if st.repeated:
+            if st.repeats:
                 odds = self.repeat_odds.setdefault(setting(seq), [0, 0])
                 odds[0], odds[1] = odds[0] + beat, odds[1] + 1
             if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
