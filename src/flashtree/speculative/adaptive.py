@@ -200,8 +200,8 @@ class CostTable:
         """The verify walk of `batch` sequences x `tokens` (a number or an array): base + rows x row cost."""
         base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
         row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
-        return base + row * batch * (np.asarray(tokens, dtype=float) - 1) if np.ndim(tokens) else \
-            base + row * batch * (tokens - 1)
+        extra = (np.asarray(tokens, dtype=float) if np.ndim(tokens) else tokens) - 1  # rows past the root's
+        return base + row * batch * extra
 
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
