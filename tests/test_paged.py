@@ -158,3 +158,21 @@ def test_reset_prefix_cache_makes_the_next_request_prefill_again(models):
     assert hits == 36 and seq.output_ids
     assert eng.reset_prefix_cache()
     assert drain(eng, prompts[:1]) == first and eng.scheduler.prefix_hit_tokens == hits  # no new hit
+
+
+def test_a_round_keeps_the_pages_its_next_round_reserves_and_no_more(models):
+    """After each commit a sequence keeps the pages reserved past its length for the next round,
+    up to its length plus one round's largest tree (trimming them to its length made the next
+    schedule take them again every step)."""
+    eng = engine(models, method="ddtree", budget=8)
+    s = eng.add_request(shared_prefix_prompts(1)[0], GREEDY)
+    kept = steps = 0
+    while eng.has_work():
+        eng.step()
+        if not s.finished and s.decoding:
+            held, P = len(eng.blocks.pages[s.slot]), eng.blocks.pages_for
+            assert P(s.length) <= held <= P(s.length + max(s.budget + 1, s.block_size)), (s.length, held)
+            kept += held > P(s.length)
+            steps += 1
+    assert steps >= 2 and kept > steps / 2, (kept, steps)
+    assert eng.blocks.used == 0
