@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import FilterPlan, Uniforms, logits_to_probs, sample
+from flashtree.sampling import PREFIX, FilterPlan, Uniforms, cuts_numpy, cuts_torch, logits_to_probs, sample
 from flashtree.sampling_params import SamplingParams
 
 
@@ -66,12 +66,61 @@ def test_every_filter_plan_matches_the_reference(subset):
     torch.manual_seed(1)
     logits = torch.randn(len(rows), 50) * 3
     T, K, P, M = (torch.tensor(c) for c in zip(*rows))
-    plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), 50)
+    plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), 50)
     expected_width = {"no_filters": 0, "top_k_only": 5, "mixed_k_and_none": 5, "top_p": 50}[subset]
     assert plan.sort_width == expected_width
     got = logits_to_probs(logits, T.float(), K.long(), P.float(), M.float(), plan).double().numpy()
     for r, (t, k, p, m) in enumerate(rows):
         assert np.abs(got[r] - reference(logits[r].numpy(), t, k, p, m)).max() < 1e-5, (t, k, p, m)
+
+
+def nucleus_size(logits: torch.Tensor, T: float, p: float) -> int:
+    probs = (logits.double() / T).softmax(-1).sort(descending=True).values
+    return int(((probs.cumsum(-1) - probs) < p).sum())
+
+
+@pytest.mark.parametrize("T, p", [(0.5, 0.9), (3.0, 0.95)])
+def test_a_full_vocabulary_matches_the_reference_inside_and_past_the_prefix(T, p):
+    """At 4,096 tokens the host path first looks at the PREFIX largest logits; a nucleus longer
+    than that (the flat rows at T=3) must fall back to the whole row, not cut inside the prefix."""
+    torch.manual_seed(2)
+    V, R = 4096, 6
+    logits = torch.randn(R, V) * 3
+    sizes = [nucleus_size(row, T, p) for row in logits]
+    assert all(n < PREFIX for n in sizes) if T < 1 else all(n > PREFIX for n in sizes), sizes
+    k = torch.tensor([0, 0, 0, 100, 600, 0])
+    m = torch.tensor([0.0, 0.0, 0.01, 0.0, 0.0, 0.2])
+    got = logits_to_probs(logits, torch.full((R,), T), k, torch.full((R,), p), m).double().numpy()
+    for r in range(R):
+        ref = reference(logits[r].numpy(), T, int(k[r]), p, float(m[r]))
+        assert ((got[r] > 0) == (ref > 0)).all(), r
+        assert np.abs(got[r] - ref).max() < 1e-5, r
+
+
+def test_host_and_tensor_cuts_agree():
+    """The CPU's host loop and the device's tensor ops compute the same cut (CUDA runs the
+    latter; here both run on the same rows): top-k, top-p, min-p, mixed, with -inf logits."""
+    torch.manual_seed(3)
+    V = 4096
+    settings = [(k, p, m) for k in (0, 1, 40, 300, 5000) for p in (1.0, 0.5, 0.95, 0.999) for m in (0.0, 0.1)]
+    R = len(settings)
+    scaled = torch.randn(R, V) * torch.linspace(0.3, 6, R).unsqueeze(-1)
+    scaled[::7, :50] = float("-inf")
+    k, p, m = (torch.tensor(c) for c in zip(*settings))
+    top = scaled.amax(-1, keepdim=True)
+    mass = (scaled - top).exp().sum(-1, keepdim=True)
+    width = V  # some row uses top-p without top-k
+    host = cuts_numpy(scaled.numpy(), top.numpy(), mass.numpy(), k.numpy(), p.float().numpy(), m.float().numpy(), width)
+    dev = cuts_torch(scaled, top, mass, k, p.float(), m.float(), width)
+    kept = lambda cut: (scaled >= cut).sum(-1)  # noqa: E731  (min-p's cut is float64 on the host)
+    assert torch.equal(kept(torch.from_numpy(host)), kept(dev))
+    assert torch.isfinite(dev).all() and torch.allclose(torch.from_numpy(host), dev, rtol=1e-6)
+
+
+def test_tokens_tied_with_the_cut_are_all_kept():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 1.0, 0.0]])
+    probs = logits_to_probs(logits, torch.ones(1), torch.tensor([2]), torch.ones(1), torch.zeros(1))
+    assert (probs[0] > 0).tolist() == [True, True, True, False, False]   # top-k 2 keeps both 2.0s
 
 
 def test_greedy_rows_are_argmax_whatever_the_filters():

@@ -8,13 +8,25 @@ token a request samples at position k is the same whichever round, tree, budget 
 it — a seeded speculative run repeats plain decoding's seeded output token for token.
 
 A `FilterPlan` (host-side facts about the batch's parameters) lets the pipeline skip work no row
-needs — the vocabulary sort when no row uses top-k or top-p, a partial `topk` instead of a full
-sort when only top-k is used — without a device sync. It never changes the result.
+needs — the vocabulary sort when no row uses top-k or top-p, the cut when no row filters at all —
+without a device sync. It never changes the result.
+
+Every filter cuts a row at a *logit*: top-k at the k-th largest, top-p at the last of the
+smallest descending prefix whose mass reaches top_p, min-p at max + log(min_p) (the ratio of two
+probabilities is that of their exponentiated logits, whatever the renormalisation). So the
+filters need only each row's values in descending order (no indices, no scatter), and a token is
+kept when its logit reaches the row's cut; tokens tied with the cut are all kept (as transformers'
+top-k). Full-width work is float arithmetic only: on this CPU a bool compare or `where` over a
+[8, 4096] block costs 45-110 µs against 7 µs for a subtraction. On the CPU the cuts are computed
+in numpy (a 4,096-token row sorts in ~15 µs against 0.21 ms for `torch.sort`, which also computes
+indices; and a numpy call costs ~1 µs of dispatch against torch's 3-10).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -23,19 +35,22 @@ class FilterPlan:
     """What the rows of one call need, known on the host."""
     any_greedy: bool
     sort_width: int      # 0: no row uses top-k/top-p; else how many leading sorted tokens they need
+    any_min_p: bool = False
 
     @staticmethod
-    def of(temperature: list[float], top_k: list[int], top_p: list[float], vocab: int) -> "FilterPlan":
+    def of(temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float],
+           vocab: int) -> "FilterPlan":
         """Plan for rows with these parameters (greedy rows need no filtering)."""
-        width = 0
-        for t, k, p in zip(temperature, top_k, top_p):
+        width, any_min_p = 0, False
+        for t, k, p, m in zip(temperature, top_k, top_p, min_p):
             if t == 0:
                 continue
+            any_min_p |= m > 0
             if 0 < k < vocab:
                 width = max(width, k)       # top-p of such a row acts inside its top-k
             elif p < 1:
                 width = vocab               # top-p over the whole vocabulary needs a full sort
-        return FilterPlan(any(t == 0 for t in temperature), width)
+        return FilterPlan(any(t == 0 for t in temperature), width, any_min_p)
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -50,29 +65,99 @@ def logits_to_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     logits = logits.float()
     V = logits.shape[-1]
     if plan is None:
-        plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), V)
+        plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist(), V)
     greedy = temperature == 0                                                 # [R]
     scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(-1)     # [R, V]
-    probs = scaled.softmax(-1)                                                # [R, V]
-    if plan.sort_width:
-        W = plan.sort_width
-        top, order = scaled.topk(W, dim=-1) if W < V else scaled.sort(dim=-1, descending=True)  # [R, W]
-        rank = torch.arange(W, device=logits.device)
-        k = torch.where(top_k > 0, top_k.clamp(max=W), W)
-        drop = rank >= k.unsqueeze(-1)                                        # top-k
-        kept = top.masked_fill(drop, float("-inf")).softmax(-1)              # renormalised over top-k
-        mass_before = kept.cumsum(-1) - kept
-        drop |= (mass_before >= top_p.unsqueeze(-1)) & (top_p < 1).unsqueeze(-1)  # top-p (keeps rank 0)
-        filtered = torch.zeros_like(probs).scatter_(-1, order, kept.masked_fill(drop, 0.0))
-        uses_sort = ((top_k > 0) & (top_k < V)) | (top_p < 1)                 # [R]
-        probs = torch.where(uses_sort.unsqueeze(-1), filtered, probs)
-    # min-p compares with the largest kept probability; the ratio ignores the renormalisation
-    probs = probs.masked_fill(probs < min_p.unsqueeze(-1) * probs.amax(-1, keepdim=True), 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
+    top = scaled.amax(-1, keepdim=True)                                       # [R, 1]
+    probs = (scaled - top).exp()                                              # [R, V] unnormalised
+    mass = probs.sum(-1, keepdim=True)                                        # [R, 1]
+    if plan.sort_width or plan.any_min_p:
+        cut = cuts(scaled, top, mass, top_k, top_p, min_p, plan.sort_width)   # [R, 1]
+        probs = probs * (torch.sign(scaled - cut) + 1).clamp_(max=1)          # 1 where logit >= cut
+        mass = probs.sum(-1, keepdim=True)
+    probs = probs / mass
     if plan.any_greedy:
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
     return probs
+
+
+def cuts(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_k: torch.Tensor,
+         top_p: torch.Tensor, min_p: torch.Tensor, width: int) -> torch.Tensor:
+    """The smallest logit each row keeps -> [R, 1] (finite, or NaN for a NaN row). scaled [R, V];
+    top [R, 1] its max; mass [R, 1] the sum of exp(scaled - top).
+
+    min-p: logit >= max + log(min_p). With a sort (width > 0), for rows using top-k or top-p:
+    with e[r] the unnormalised mass of sorted ranks <= r and z the top-k's mass (`mass` without
+    top-k), rank r survives top-p when e[r-1] < top_p * z (rank 0 always), so the kept count is
+    1 + #{r < W-1: e[r] < top_p * z}, at most k. On the CPU the same rule runs on the host
+    (`cuts_numpy`): a torch op costs 3-10 µs of dispatch here and `cuts_torch` is ~25 small ops."""
+    if scaled.device.type == "cpu":
+        return torch.from_numpy(cuts_numpy(scaled.numpy(), top.numpy(), mass.numpy(), top_k.numpy(),
+                                           top_p.numpy(), min_p.numpy(), width))
+    return cuts_torch(scaled, top, mass, top_k, top_p, min_p, width)
+
+
+def cuts_torch(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_k: torch.Tensor,
+               top_p: torch.Tensor, min_p: torch.Tensor, width: int) -> torch.Tensor:
+    """`cuts` as batched tensor ops on the logits' device (no host sync)."""
+    cut = top + min_p.log().unsqueeze(-1)                                     # log 0 = -inf
+    if width:
+        W, V = width, scaled.shape[-1]
+        s = descending(scaled, W)                                             # [R, W]
+        e = (s - top).double().exp().cumsum(-1)                               # [R, W] float64
+        k = torch.where((top_k > 0) & (top_k < V), top_k, V).unsqueeze(-1)    # [R, 1] (V: no top-k)
+        z = torch.where(k < V, e.gather(-1, k.clamp(max=W) - 1), mass.double())
+        n = torch.searchsorted(e, top_p.double().unsqueeze(-1) * z).clamp(max=W - 1) + 1
+        n = torch.where((top_p < 1).unsqueeze(-1), torch.minimum(n, k), k).clamp(max=W)  # kept count
+        filtered = ((k < V) | (top_p < 1).unsqueeze(-1))
+        cut = torch.where(filtered, torch.maximum(cut, s.gather(-1, n - 1)), cut)
+    return cut.clamp(min=torch.finfo(scaled.dtype).min)   # a -inf logit then gets 0, not NaN
+
+
+PREFIX = 256  # cuts_numpy's first try for top-p without top-k (90 % of T=0.7 top-p 0.95 nuclei fit)
+
+
+def cuts_numpy(scaled: np.ndarray, top: np.ndarray, mass: np.ndarray, top_k: np.ndarray,
+               top_p: np.ndarray, min_p: np.ndarray, width: int) -> np.ndarray:
+    """`cuts` on host arrays, the same rule row by row -> [R, 1] (a Python loop: a numpy call on a
+    small array costs a few µs here, a Python float op ~0.1). Top-p over the whole vocabulary
+    first looks at the PREFIX largest logits and sorts the whole row only when its nucleus does
+    not end inside them."""
+    R, V = scaled.shape
+    out = np.empty((R, 1), dtype=scaled.dtype)
+    lowest = float(np.finfo(scaled.dtype).min)
+    for r in range(R):
+        t, p, k = float(top[r, 0]), float(top_p[r]), int(top_k[r])
+        k = k if 0 < k < V else V                                              # V: no top-k
+        cut = t + math.log(min_p[r]) if min_p[r] > 0 else -math.inf
+        if width and (k < V or p < 1):
+            w = k if k < V else min(PREFIX, V)
+            while True:
+                s = largest(scaled[r], w)                                      # [w] descending
+                e = np.exp((s - t).astype(np.float64)).cumsum()               # [w] float64
+                z = float(e[k - 1]) if k < V else float(mass[r, 0])
+                n = k if p >= 1 else min(int(np.searchsorted(e[:w - 1], p * z)) + 1, k)  # #{e < p z} + 1
+                if n < w or w == V or k < V:
+                    break
+                w = V                                                          # the nucleus reaches past w
+            cut = max(cut, float(s[n - 1]))
+        out[r, 0] = lowest if cut < lowest else cut                            # NaN stays NaN
+    return out
+
+
+def largest(x: np.ndarray, width: int) -> np.ndarray:
+    """The `width` largest values of x [V], descending -> [width]."""
+    V = x.shape[-1]
+    part = x if width == V else np.partition(x, V - width)[V - width:]
+    return np.sort(part)[::-1]
+
+
+def descending(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The `width` largest values of each row of x [R, V], in descending order -> [R, width]."""
+    if width < x.shape[-1]:
+        return x.topk(width, dim=-1).values
+    return x.sort(dim=-1, descending=True).values
 
 
 class Uniforms:

@@ -520,10 +520,11 @@ class Engine:
             return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
 
         ps = [s.params for s in seqs]
-        temps, top_ks, top_ps = [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
-        plan = FilterPlan.of(temps, top_ks, top_ps, logits.shape[-1])
+        temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                                         [p.min_p for p in ps])
+        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
         probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
-                                per_row(top_ps, torch.float32), per_row([p.min_p for p in ps], torch.float32), plan)
+                                per_row(top_ps, torch.float32), per_row(min_ps, torch.float32), plan)
         us = [None if s.uniforms is None else
               s.uniforms.at(len(s.output_ids) + depths[lo:hi], len(s.output_ids) + deep + 1)
               for s, (lo, hi), deep in zip(seqs, spans, deepest)]
