@@ -260,6 +260,29 @@ def test_a_setting_where_drafting_did_not_pay_starts_the_next_request_plain(mode
     assert not eng.adaptive.starts
 
 
+def test_a_request_joining_plain_decoders_of_its_setting_starts_plain(models):
+    """A request that arrives while the running ones of its setting all decode plainly starts plain
+    on their probe clock (its own first drafting round would draft and verify for the whole batch);
+    one of another setting, or one joining a batch that drafts, starts by drafting."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=3, max_model_len=160))
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)  # drafting never pays
+    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")  # noqa: E731
+    greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    first = eng.add_request([5, 6, 7], greedy)
+    for _ in range(3):
+        eng.step()
+    assert first.metrics.budgets[1:] == [0, 0]  # it drafted in round 0, then decodes plainly
+    before = passes()
+    joined = eng.add_request([8, 9, 10], greedy)
+    eng.step()
+    assert passes() == before and joined.metrics.budgets == [0]  # no drafting round for the newcomer
+    other = eng.add_request([8, 9, 11], SamplingParams(temperature=1.0, max_tokens=60, ignore_eos=True))
+    eng.step()
+    assert passes() == before + 1  # another setting drafts at once (the drafter runs for the whole batch)
+    assert eng.adaptive.state(other).last_paths is not None
+
+
 class FakeSeq:
     """What the controller reads of a sequence: its method, sampling and committed tokens."""
     def __init__(self, prompt=(5, 6, 7), temperature=0.0):
@@ -270,8 +293,10 @@ class FakeSeq:
 def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_paid_else_backs_off():
     """One verdict on the round's mean tau for all its drafting sequences (one drafter pass):
     tau >= break_even resets the gaps, 1 + (break_even - 1) / 2 <= tau < break_even keeps them,
-    less doubles them."""
-    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    less doubles them; and a gap after a round that lost is at least its loss in plain rounds
+    (break_even - tau) / PROBE_LOSS, so probing costs at most PROBE_LOSS of plain decoding."""
+    from flashtree.speculative.adaptive import PROBE_LOSS, AdaptiveBudget, Choice
+    assert PROBE_LOSS == 0.02
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
     ctl, seq = AdaptiveBudget(probe_every=8), FakeSeq()
@@ -284,21 +309,27 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
 
     probe([(seq, 2)])
     assert ctl.state(seq).probe_gap is None  # its first drafted round: no verdict (2 < 3 would back off)
-    probe([(seq, 2)])
-    assert ctl.state(seq).probe_gap == 16     # accepted a node, but 2 < 3
-    probe([(seq, 2)])
+    probe([(seq, 2)], break_even=2.1)
+    assert ctl.state(seq).probe_gap == 8      # half-paid, losing 0.1 plain rounds: kept
+    probe([(seq, 1)], break_even=1.1)
+    assert ctl.state(seq).probe_gap == 16     # accepted nothing: doubled (its loss alone asks for 5)
+    probe([(seq, 1)], break_even=1.1)
     assert ctl.state(seq).probe_gap == 32
     probe([(seq, 4)])
-    assert ctl.state(seq).probe_gap == 32     # half-paid: kept
+    assert ctl.state(seq).probe_gap == 50     # half-paid, but it lost one plain round: 1 / 0.02
     probe([(seq, 5)])
     assert ctl.state(seq).probe_gap is None   # beat plain decoding
-    probe([(seq, 1)], nodes=0)
+    probe([(seq, 1)], nodes=0, break_even=1.1)
     assert ctl.state(seq).probe_gap == 16     # verified nothing
+    probe([(seq, 1)], nodes=0)
+    assert ctl.state(seq).probe_gap == 200    # ... and lost four plain rounds
     batch = [FakeSeq() for _ in range(8)]
     probe([(s, 1) for s in batch])  # their first drafted round
     assert all(ctl.state(s).probe_gap is None for s in batch)
-    probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # one of 8 did well: mean 1.4 < 2
-    assert all(ctl.state(s).probe_gap == 16 for s in batch)
+    probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=1.2)  # one of 8 did well: the mean,
+    assert all(ctl.state(s).probe_gap is None for s in batch)              # 1.375, beats 1.2
+    probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # mean 1.375 < 2: doubled, and
+    assert all(ctl.state(s).probe_gap == 82 for s in batch)                # its loss: (3 - 1.375) / 0.02
 
 
 def test_pending_features_join_only_when_read():
@@ -490,11 +521,15 @@ def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():
              "verify_walk": 0.3e-3, "commit": 0.2e-3}
     c.observe(4, 9, 4, times, seconds=4.5e-3)
     assert c.verify_s == {(4, 9): 2.0e-3} and c.draft_s[4] == pytest.approx(1.2e-3)
-    assert c.overhead_s[4] == pytest.approx(1.0e-3)  # 0.4 ms of timed phases (the walk apart) + 0.6 ms untimed
+    assert c.overhead_s[4, True] == pytest.approx(1.0e-3)  # 0.4 ms of timed phases (the walk apart) + 0.6 untimed
     assert not c.walk_row_s  # no plain round's walk yet to measure the extra rows against
+    assert c.overhead(4, 1) == c.overhead(4, 9) == pytest.approx(1.0e-3)  # the one measured stands in
     c.observe(4, 1, 0, {"verify_forward": 1.0e-3, "pack": 0.1e-3, "verify_walk": 0.1e-3}, seconds=1.5e-3)  # plain
-    assert c.overhead_s[4] == pytest.approx(0.8 * 1.0e-3 + 0.2 * 0.4e-3) and set(c.draft_s) == {4}
+    assert c.overhead_s[4, False] == pytest.approx(0.4e-3) and set(c.draft_s) == {4}
     assert c.walk_s[4] == pytest.approx(0.1e-3)
+    # a plain round's overhead and a wide one's are kept apart (one average overpriced plain rounds)
+    assert c.overhead(4, 1) == pytest.approx(0.4e-3) and c.overhead(4, 9) == pytest.approx(1.0e-3)
+    assert np.allclose(c.overhead(4, np.array([1, 2, 9])), [0.4e-3, 1.0e-3, 1.0e-3])
 
 
 def test_the_sampling_walk_costs_each_extra_row_it_verifies():
@@ -503,7 +538,7 @@ def test_the_sampling_walk_costs_each_extra_row_it_verifies():
     c = table(lambda b, t: 1e-3, batches=(8,), learn=True)  # a flat forward: any width costs the same
     plain = {"verify_forward": 1e-3, "verify_walk": 2e-3}
     c.observe(8, 1, 0, plain, seconds=3.5e-3)
-    c.observe(8, 9, 8, {**plain, "draft": 1e-3, "verify_walk": 2e-3 + 64 * 0.2e-3}, seconds=20e-3)
+    c.observe(8, 9, 8, {**plain, "draft": 1e-3, "verify_walk": 2e-3 + 64 * 0.2e-3}, seconds=17.3e-3)  # same overhead
     assert c.walk_row_s[8] == pytest.approx(0.2e-3)
     assert c.round_cost(8, 9) - c.round_cost(8, 1) == pytest.approx(64 * 0.2e-3)
     assert np.allclose(c.round_cost(8, np.array([1, 9])), [c.round_cost(8, 1), c.round_cost(8, 9)])

@@ -53,6 +53,7 @@ PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 256     # ... a gap that doubles while probes do not pay, up to this
+PROBE_LOSS = 0.02       # and at least as long as keeps a probe's loss below 2 % of plain decoding's time
 INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
                         # greedy ddtree@8, 24 held-out prompts, 661 rounds: tau 4.39 after such a repeat
@@ -134,7 +135,8 @@ class CostTable:
     seeding): a seam for reproducible runs and tests."""
     verify_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, tokens/seq) -> target forward
     draft_s: dict[int, float] = field(default_factory=dict)               # batch -> drafter pass + tree build
-    overhead_s: dict[int, float] = field(default_factory=dict)            # batch -> the rest of a round
+    overhead_s: dict[tuple[int, bool], float] = field(default_factory=dict)  # (batch, wide) -> the rest of a
+                                                                          # round (wide: verified > 1 token/seq)
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     learn: bool = True
@@ -156,8 +158,8 @@ class CostTable:
     def record_draft(self, batch: int, secs: float) -> None:
         self._ema(self.draft_s, batch, secs)
 
-    def record_overhead(self, batch: int, secs: float) -> None:
-        self._ema(self.overhead_s, batch, secs)
+    def record_overhead(self, batch: int, tokens: int, secs: float) -> None:
+        self._ema(self.overhead_s, (batch, tokens > 1), secs)
 
     def verify(self, batch: int, tokens):
         """The target forward of `batch` sequences x `tokens` (a number or an array of them):
@@ -184,8 +186,18 @@ class CostTable:
     def draft(self, batch: int) -> float | None:
         return interpolate(self.draft_s, batch) if self.draft_s else None
 
-    def overhead(self, batch: int) -> float:
-        return interpolate(self.overhead_s, batch) if self.overhead_s else 0.0
+    def overhead(self, batch: int, tokens=1):
+        """The rest of a round of `batch` sequences x `tokens` (a number or an array): a plain
+        round's and a wider one's are measured apart (a wide round packs trees and commits paths;
+        one average made plain rounds look 22 % dearer at C=8: 4.76 ms predicted, 3.9 measured);
+        either stands in for the other until both are measured."""
+        plain, wide = ({b: s for (b, w), s in self.overhead_s.items() if w == kind} for kind in (False, True))
+        if not plain and not wide:
+            return 0.0
+        at = lambda points: interpolate(points or plain or wide, batch)  # noqa: E731
+        if np.ndim(tokens):
+            return np.where(np.asarray(tokens) > 1, at(wide), at(plain))
+        return at(wide) if tokens > 1 else at(plain)
 
     def record_walk(self, batch: int, tokens: int, secs: float) -> None:
         """The verify walk (sampling every row, then the accept walk) of a round: a plain round's
@@ -207,7 +219,7 @@ class CostTable:
         """A round without its draft: the verify forward, its sampling walk and the round's other
         work (`tokens`: a number or an array of widths)."""
         v = self.verify(batch, tokens)
-        return None if v is None else v + self.walk(batch, tokens) + self.overhead(batch)
+        return None if v is None else v + self.walk(batch, tokens) + self.overhead(batch, tokens)
 
     def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
@@ -223,7 +235,7 @@ class CostTable:
             self.record_draft(drafted, draft)
         walk = times.get("verify_walk", 0.0)
         self.record_walk(batch, tokens, walk)
-        self.record_overhead(batch, max(seconds - times["verify_forward"] - draft - walk, 0.0))
+        self.record_overhead(batch, tokens, max(seconds - times["verify_forward"] - draft - walk, 0.0))
 
 
 # -------------------------------------------------------------------------------- the choice
@@ -319,10 +331,23 @@ class AdaptiveBudget:
 
     def state(self, seq: Sequence) -> AutoState:
         if seq not in self.states:
-            start = self.starts.get(setting(seq)) if self.starts else None
+            start = (self.starts.get(setting(seq)) if self.starts else None) or self._peers_clock(seq)
             self.states[seq] = AutoState() if start is None else \
                 AutoState(probe_gap=start[0], undrafted=start[1], prefers_plain=True)
         return self.states[seq]
+
+    def _peers_clock(self, seq: Sequence) -> tuple[int, int] | None:
+        """A sequence joining running sequences of its sampling setting that all decode plainly
+        starts plain too, on the probe clock of the one that backed off most: its own first
+        drafting round would draft (and verify the widest tree) for the whole batch, and at C=8
+        arrivals came often enough to make auto draft ~97 % of rounds there. Else None."""
+        key = setting(seq)
+        peers = [st for s, st in self.states.items() if setting(s) == key]
+        if not peers or not all(st.prefers_plain for st in peers):
+            return None
+        st = max(peers, key=lambda st: (st.probe_gap or self.probe_every, st.undrafted))
+        gap = st.probe_gap or self.probe_every
+        return gap, min(st.undrafted, gap - 1)
 
     def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
@@ -413,6 +438,9 @@ class AdaptiveBudget:
         resets every gap to PROBE_EVERY; one that recovered at least half of what it cost over a
         plain round (tau >= 1 + (break_even - 1) / 2) leaves the gaps as they are; any other
         doubles them, up to MAX_PROBE_GAP (committed outcomes and measured costs only: lossless).
+        A gap after a round that did not beat plain decoding is also at least the probe's loss in
+        plain rounds (break_even - tau) / PROBE_LOSS: at C=8 on a 2-core CPU a probe costs ~3.9
+        plain rounds and commits ~3 tokens, "half paid", and a probe every 8th round cost ~12 %.
         Resetting on half-paid rounds let one lucky T=1 probe in four bring back a probe every
         8th round. One verdict per sequence let any one of eight T=1 sequences that
         accepted a node keep the whole batch probing every 8th round. A sequence's first drafted
@@ -426,6 +454,7 @@ class AdaptiveBudget:
         verified = any(c.nodes > 0 for _, c, _ in drafted)
         paid = verified and mean_tau >= 1 + (break_even - 1) / 2
         beat = verified and mean_tau >= break_even  # faster than plain rounds, not just half-way
+        loss_gap = math.ceil((break_even - mean_tau) / PROBE_LOSS)  # the probe lost this many plain rounds x 50
         for seq, _, _ in drafted:
             st = self.state(seq)
             st.drafted += 1
@@ -436,8 +465,9 @@ class AdaptiveBudget:
                 continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
             if beat:
                 st.probe_gap = None
-            elif not paid:
-                st.probe_gap = min(2 * (st.probe_gap or self.probe_every), MAX_PROBE_GAP)
+            else:
+                gap = (st.probe_gap or self.probe_every) * (1 if paid else 2)
+                st.probe_gap = min(max(gap, loss_gap), MAX_PROBE_GAP)
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine. If it finished with its last two probe rounds unpaid (a
