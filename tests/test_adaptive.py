@@ -461,7 +461,7 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
     ctl = AdaptiveBudget()
     ctl.costs = never_pays()
-    ctl.starts[("ddtree", 0.0)] = (32, 0)  # greedy ddtree requests start plain, next probe in 32 rounds
+    ctl.starts[("ddtree", 0.0, 1)] = (32, 0)  # greedy ddtree requests alone start plain, next probe in 32
     plain, looping = FakeSeq(prompt=[1, 2, 3, 4, 5]), FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3])
     assert not ctl.wants_draft([plain], 1)
     assert ctl.wants_draft([looping], 1)
@@ -484,10 +484,22 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     drafted(paying, 5)             # a round in repeating text that beat plain decoding: odds 2/4
     assert ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
     # in a batch the pass (and the widest tree) costs every sequence: more than half must call it
+    ctl.starts[("ddtree", 0.0, 2)] = ctl.starts[("ddtree", 0.0, 3)] = (32, 0)  # batches of 2-3 and 4-7 start plain
     calm, loop = (lambda: FakeSeq(prompt=[1, 2, 3, 4, 5])), (lambda: FakeSeq(prompt=[7, 8, 9, 7, 8, 9]))
     assert not ctl.wants_draft([loop(), calm(), calm()], 3)
     assert not ctl.wants_draft([loop(), loop(), calm(), calm()], 4)
     assert ctl.wants_draft([loop(), loop(), calm()], 3)
+    # the odds are kept per batch size class: batches of 2-3 have their own (fresh: 1/2, so repeats call)
+    assert set(ctl.repeat_odds) == {("ddtree", 0.0, 1)}
+
+
+def test_a_regime_is_the_setting_and_the_batch_size_class():
+    """Whether drafting pays depends on the batch (a drafting round costs ~2.8 plain rounds at
+    batch 1 and ~4 at batch 8 on a 2-core CPU): what one regime learnt does not steer another."""
+    from flashtree.speculative.adaptive import regime
+    seq = FakeSeq()
+    assert [regime(seq, b)[-1] for b in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 2, 3, 3, 4, 4, 5]
+    assert regime(seq, 8)[:-1] == ("ddtree", 0.0) and regime(FakeSeq(temperature=1.0), 1) != regime(seq, 1)
 
 
 def test_a_setting_that_starts_plain_keeps_its_probe_clock_across_short_requests(models):

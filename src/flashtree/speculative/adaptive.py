@@ -22,10 +22,10 @@ re-probes after a gap that doubles while probe rounds do not commit enough token
 half their cost over a plain round, or at once when its text starts repeating itself — the
 committed tokens' last 3-gram occurred earlier in them, where greedy acceptance on the bundled
 pair is twice what it is elsewhere (tau 4.4 vs 2.1) — while drafting in repeating text beats
-plain decoding in its sampling setting at least half the time; after the trees are built it
-picks T and cuts each auto sequence's tree to its first T-1 nodes; after the commit it learns.
-When a sequence finishes having found that drafting did not pay, the next one with the same
-sampling setting starts on plain rounds where its probe clock stood instead of a drafting round
+plain decoding in its regime (sampling setting and batch size class) at least half the time;
+after the trees are built it picks T and cuts each auto sequence's tree to its first T-1 nodes;
+after the commit it learns. When a sequence finishes having found that drafting did not pay, the
+next one in the same regime starts on plain rounds where its probe clock stood instead of a drafting round
 (`release`). Every input is committed history, draft probabilities or measured time — never the
 current round's verify draws — so the choice keeps decoding lossless. This module does not build
 trees, verify or sample.
@@ -107,6 +107,13 @@ def setting(seq: Sequence) -> tuple:
     """What makes two requests' acceptance alike: method and sampling parameters (greedy: any filters)."""
     p = seq.params
     return (seq.method, 0.0) if p.greedy else (seq.method, p.temperature, p.top_k, p.top_p, p.min_p)
+
+
+def regime(seq: Sequence, batch: int) -> tuple:
+    """Its setting and the batch size class it runs in (1, 2-3, 4-7, 8-15, ...): whether drafting
+    pays depends on both — on a 2-core CPU a drafting round costs ~2.8 plain rounds at batch 1 and
+    ~4 at batch 8, so greedy repeats that beat plain decoding at C=1 lost at C=8."""
+    return setting(seq) + (batch.bit_length(),)
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -293,6 +300,7 @@ class AutoState:
     drafted: int = 0                      # rounds it drafted in
     grams: set = field(default_factory=set)  # the REPEAT_NGRAM-grams of its committed tokens so far
     seen: int = 0                         # committed tokens already in `grams`
+    batch: int = 1                        # the size of the batch it last ran in
     repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
                                           # this round's decision: `repeats` runs in wants_draft only)
 
@@ -320,21 +328,25 @@ class AdaptiveBudget:
         self.costs = CostTable()
         self.probe_every = probe_every
         self.states: dict[Sequence, AutoState] = {}
-        # sampling setting -> (probe gap, plain rounds since the last probe) a new sequence starts
+        # regime (setting, batch class) -> (probe gap, plain rounds since the last probe) a new sequence starts
         # with: set when the last sequence of that setting to finish found drafting did not pay (see
         # release); absent: start by drafting
         self.starts: dict[tuple, tuple[int, int]] = {}
-        # sampling setting -> [beat, rounds] of its drafting rounds decided while the text repeated
+        # regime (setting, batch class) -> [beat, rounds] of its drafting rounds decided while the text repeated
         # (beat: committed more tokens than plain rounds would have in the round's time):
         # a repeat calls a re-probe while (beat + 1) / (rounds + 2) >= 1/2
         self.repeat_odds: dict[tuple, list[int]] = {}
 
-    def state(self, seq: Sequence) -> AutoState:
-        if seq not in self.states:
-            start = (self.starts.get(setting(seq)) if self.starts else None) or self._peers_clock(seq)
-            self.states[seq] = AutoState() if start is None else \
+    def state(self, seq: Sequence, batch: int | None = None) -> AutoState:
+        """seq's state (created on first sight, in a batch of `batch`); its batch size noted."""
+        st = self.states.get(seq)
+        if st is None:
+            start = (self.starts.get(regime(seq, batch or 1)) if self.starts else None) or self._peers_clock(seq)
+            st = self.states[seq] = AutoState() if start is None else \
                 AutoState(probe_gap=start[0], undrafted=start[1], prefers_plain=True)
-        return self.states[seq]
+        if batch is not None:
+            st.batch = batch
+        return st
 
     def _peers_clock(self, seq: Sequence) -> tuple[int, int] | None:
         """A sequence joining running sequences of its sampling setting that all decode plainly
@@ -355,7 +367,7 @@ class AdaptiveBudget:
         repeat calling one (see _repeat_calls: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
         drafter's cost included."""
-        states = [self.state(s) for s in seqs]
+        states = [self.state(s, batch) for s in seqs]
         for s, st in zip(seqs, states):
             repeats(s, st)
         c = self.costs
@@ -388,7 +400,7 @@ class AdaptiveBudget:
         drafting in repeating text has beaten plain decoding in its setting at least half the time."""
         if not (st.prefers_plain and st.repeats):
             return False
-        paid, rounds = self.repeat_odds.get(setting(seq), (0, 0))
+        paid, rounds = self.repeat_odds.get(regime(seq, st.batch), (0, 0))
         return (paid + 1) / (rounds + 2) >= 0.5
 
     def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
@@ -401,7 +413,7 @@ class AdaptiveBudget:
             return trees, [None] * len(batch)
         if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
             return trees, [Choice(0, 1.0, None) if s.auto else None for s in batch]
-        curves = {b: expected_tau(trees[b], self.state(batch[b]).calibration) for b in auto}
+        curves = {b: expected_tau(trees[b], self.state(batch[b], len(batch)).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
         draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
         T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
@@ -459,7 +471,7 @@ class AdaptiveBudget:
             st = self.state(seq)
             st.drafted += 1
             if st.repeats:
-                odds = self.repeat_odds.setdefault(setting(seq), [0, 0])
+                odds = self.repeat_odds.setdefault(regime(seq, st.batch), [0, 0])
                 odds[0], odds[1] = odds[0] + beat, odds[1] + 1
             if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
                 continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
@@ -482,9 +494,9 @@ class AdaptiveBudget:
         if st is None or not seq.finished:  # preempted: it comes back with a fresh state
             return
         if (st.probe_gap or 0) >= INHERIT_GAP:
-            self.starts[setting(seq)] = (st.probe_gap, min(st.undrafted, st.probe_gap - 1))
+            self.starts[regime(seq, st.batch)] = (st.probe_gap, min(st.undrafted, st.probe_gap - 1))
         else:
-            self.starts.pop(setting(seq), None)
+            self.starts.pop(regime(seq, st.batch), None)
 
 
 # ----------------------------------------------------------------------------- seeding costs
