@@ -24,9 +24,9 @@ committed tokens' last 3-gram occurred earlier in them, where greedy acceptance 
 pair is twice what it is elsewhere (tau 4.4 vs 2.1) — while drafting in repeating text beats
 plain decoding in its regime (sampling setting and batch size class) at least half the time;
 after the trees are built it picks T and cuts each auto sequence's tree to its first T-1 nodes;
-after the commit it learns. When a sequence finishes having found that drafting did not pay, the
-next one in the same regime starts on plain rounds where its probe clock stood instead of a drafting round
-(`release`). Every input is committed history, draft probabilities or measured time — never the
+after the commit it learns. When a sequence finishes having found that drafting did not pay,
+the next one in the same regime starts on plain rounds where its probe clock stood instead of a
+drafting round (`release`). Every input is committed history, draft probabilities or measured time — never the
 current round's verify draws — so the choice keeps decoding lossless. This module does not build
 trees, verify or sample.
 """
@@ -329,7 +329,7 @@ class AdaptiveBudget:
         self.probe_every = probe_every
         self.states: dict[Sequence, AutoState] = {}
         # regime (setting, batch class) -> (probe gap, plain rounds since the last probe) a new sequence starts
-        # with: set when the last sequence of that setting to finish found drafting did not pay (see
+        # with: set when the last sequence of that regime to finish found drafting did not pay (see
         # release); absent: start by drafting
         self.starts: dict[tuple, tuple[int, int]] = {}
         # regime (setting, batch class) -> [beat, rounds] of its drafting rounds decided while the text repeated
@@ -483,7 +483,7 @@ class AdaptiveBudget:
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine. If it finished with its last two probe rounds unpaid (a
-        gap of at least INHERIT_GAP), the next sequence of its sampling setting starts where it
+        gap of at least INHERIT_GAP), the next sequence of its regime starts where it
         left off: plain rounds, its probe clock where this one's stood (the plain rounds since
         its last probe count), so the setting re-probes as one long sequence would — not a
         drafting round and a probe every 8, 16, 32 rounds, which every request otherwise pays (at
