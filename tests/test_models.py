@@ -3,10 +3,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from flashtree.config import ModelConfig
 from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.model_runner import ModelRunner
+from flashtree.models.layers import dense
 from flashtree.models.loader import load_target
 from flashtree.engine.round import pack_trees
 from flashtree.speculative.tree import DraftTree
@@ -117,6 +119,42 @@ def test_prefill_and_decode_logits_match_transformers(pair):
         for t in range(24, 40):  # step-by-step decode through the cache
             step = run(cache, 1, [ids[0, t].item()], t)
             assert (step[0] - ref[t]).abs().max() < 1e-4, t
+
+
+def test_compiled_decode_matches_transformers(tmp_path):
+    """The compiled runner, whose one-token step takes the CPU's one-row projections (layers.dense),
+    on the llama case (random q/k/v/o and MLP biases: the one-row form adds them too)."""
+    import transformers
+    kw = dict(CASES["llama"])
+    d = make_hf_target(tmp_path, kw.pop("model_type"), **kw)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ours = load_target(d, dtype="float32", device="cpu")
+    torch.manual_seed(1)
+    ids = torch.randint(0, 96, (1, 20))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    cache = new_cache(ours, compile=True)
+    with torch.inference_mode():
+        pre = run(cache, 1, ids[0, :12].tolist(), 0)
+        assert (pre - ref[:12]).abs().max() < 1e-4
+        for t in range(12, 20):
+            step = run(cache, 1, [ids[0, t].item()], t)
+            assert (step[0] - ref[t]).abs().max() < 1e-4, t
+
+
+def test_one_row_dense_is_a_streamed_reduction_when_compiled():
+    """layers.dense compiled on the CPU: one row becomes a multiply-and-sum (no GEMM call in the
+    generated code), several rows stay one GEMM; both equal F.linear up to rounding."""
+    from torch._inductor.utils import run_and_get_code
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    for shape, gemm in (((1, 64), False), ((1, 1, 64), False), ((3, 64), True), ((2, 5, 64), True)):
+        torch._dynamo.reset()
+        x = torch.randn(*shape, generator=g)
+        out, code = run_and_get_code(torch.compile(dense, fullgraph=True, dynamic=False), x, w, b)
+        torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert out.shape == (*shape[:-1], 96)
+        assert ("mm(" in "".join(code)) == gemm, shape
 
 
 def test_tree_mask_gives_each_node_its_path_logits_and_compaction_continues_exactly(pair):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
-from .layers import MLP, Attention, RMSNorm, Rotary, page_rows
+from .layers import MLP, Attention, Linear, RMSNorm, Rotary, page_rows
 
 
 class DrafterLayer(nn.Module):
@@ -42,7 +42,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.config = cfg
         lc = cfg.layers
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size, bias=False)
+        self.fc = Linear(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(lc) for _ in range(lc.num_hidden_layers))
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)

@@ -16,6 +16,29 @@ from torch import nn
 from ..config import ModelConfig
 
 
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias; x [..., in], weight [out, in] -> [..., out].
+
+    One row on a CPU inside a compiled graph (a single sequence decoding one token) is written as a
+    multiply-and-sum: inductor turns it into one vectorised reduction that streams each weight
+    once, ~3x faster than MKL's GEMV on the reference CPU (a 4-layer 256-wide step's GEMMs: 1.5 ->
+    0.46 ms). More rows stay one GEMM (the sum costs a weight pass per row; at 9 rows it loses).
+    Eager calls, CUDA and training always take the GEMM. The two differ only in rounding.
+    """
+    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.shape[:-1].numel() == 1:
+        y = (x.reshape(1, -1) * weight).sum(-1)                            # [out]
+        y = y if bias is None else y + bias
+        return y.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and state-dict names) whose forward is `dense`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -84,10 +107,10 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.attention_bias and cfg.model_type != "qwen2")
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=cfg.attention_bias)
+        self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=cfg.attention_bias and cfg.model_type != "qwen2")
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -99,7 +122,7 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             return
         parts = (self.q_proj, self.k_proj, self.v_proj)
-        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
+        fused = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
         fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
         with torch.no_grad():
             fused.weight.copy_(torch.cat([p.weight for p in parts]))
@@ -123,7 +146,7 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             nq = self.n_heads * self.head_dim
             w, b = self.qkv_proj.weight[nq:], self.qkv_proj.bias
-            k, v = F.linear(x, w, None if b is None else b[nq:]).chunk(2, dim=-1)
+            k, v = dense(x, w, None if b is None else b[nq:]).chunk(2, dim=-1)
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         return self._heads(None, k, v, cos, sin)[1:]
@@ -152,16 +175,16 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, f, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
-        self.gate_proj = nn.Linear(h, f, bias=b)
-        self.up_proj = nn.Linear(h, f, bias=b)
-        self.down_proj = nn.Linear(f, h, bias=b)
+        self.gate_proj = Linear(h, f, bias=b)
+        self.up_proj = Linear(h, f, bias=b)
+        self.down_proj = Linear(f, h, bias=b)
 
     def fuse(self) -> None:
         """Replace gate/up_proj by one `gate_up_proj` (rows gate, then up): one GEMM."""
         if hasattr(self, "gate_up_proj"):
             return
         g, u = self.gate_proj, self.up_proj
-        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None)
+        fused = Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None)
         fused = fused.to(device=g.weight.device, dtype=g.weight.dtype)
         with torch.no_grad():
             fused.weight.copy_(torch.cat([g.weight, u.weight]))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .layers import MLP, Attention, RMSNorm, Rotary, page_rows
+from .layers import MLP, Attention, Linear, RMSNorm, Rotary, page_rows
 
 
 class DecoderLayer(nn.Module):
@@ -55,7 +55,7 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = cfg  # with tensor parallelism: this rank's share (heads, intermediate)
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
