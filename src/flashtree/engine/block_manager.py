@@ -52,6 +52,7 @@ class BlockManager:
         self.name: dict[int, bytes] = {}                    # page -> its hash (full, named pages)
         self.by_name: dict[bytes, int] = {}                 # hash -> the page reused for it
         self.draft_ok = np.zeros(num_pages, dtype=bool)     # its drafter rows are written too
+        self.drafted_pages = [0] * num_slots               # each slot's leading pages already marked draft_ok
         self._free_slots = list(range(num_slots - 1, -1, -1))
 
     # ---------------------------------------------------------------- slots
@@ -109,6 +110,7 @@ class BlockManager:
                              f"{rows // self.page_size} of slot {slot}")
         keep = self.pages_for(rows)
         pages = self.pages[slot]
+        self.drafted_pages[slot] = min(self.drafted_pages[slot], keep)
         while len(pages) > keep:
             page = pages.pop()
             self.table[slot, len(pages)] = NULL_PAGE
@@ -216,7 +218,9 @@ class BlockManager:
         drafter-based requests (a name held by a page without them moves to this one)."""
         if not self.prefix_caching:
             return
-        for i in range(min(rows // self.page_size, len(self.hashes[slot]))):
+        full = min(rows // self.page_size, len(self.hashes[slot]))
+        start, self.drafted_pages[slot] = self.drafted_pages[slot], max(full, self.drafted_pages[slot])
+        for i in range(start, full):  # pages below `start` were marked by an earlier call
             page = self.pages[slot][i]
             if self.draft_ok[page] or self.name.get(page) is None:
                 continue
