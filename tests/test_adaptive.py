@@ -455,9 +455,9 @@ def never_pays():
 def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting():
     """A sequence that starts plain (its setting's drafting did not pay) still probes in its first
     round when its text repeats itself; one whose text does not waits for its gap. Repeats stop
-    calling probes in a setting where drafting rounds decided in repeating text beat plain
-    decoding less than half the time, and call them again once they do as often as not. In a
-    batch, more than half its sequences must call one."""
+    calling probes in a regime where drafting rounds decided in repeating text lost tokens against
+    plain decoding on the whole (one token of credit to start), and call them again once such
+    rounds have gained more than they lost. In a batch, more than half its sequences must call one."""
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
     ctl = AdaptiveBudget()
     ctl.costs = never_pays()
@@ -475,13 +475,15 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
         ctl.learn(seq, tree, list(range(tau)), choice)
         ctl.settle([(seq, choice, tau)])
 
-    drafted(looping, 4)            # drafting in repeating text paid half its cost but lost to plain: odds 1/3
+    drafted(looping, 4)            # drafting in repeating text paid half its cost but lost a token to plain: 1 - 1
     looping.output_ids = [4]       # (2, 3, 4): repeats again, but its curve says plain is faster ...
     assert not ctl.wants_draft([looping], 1)
     assert not ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)  # ... and repeats no longer call probes
     paying = FakeSeq(prompt=[5, 6, 7, 5, 6, 7])
     assert not ctl.wants_draft([paying], 1)
-    drafted(paying, 5)             # a round in repeating text that beat plain decoding: odds 2/4
+    drafted(paying, 5)             # a round in repeating text that only matched plain decoding: still 0 ...
+    assert not ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
+    drafted(paying, 6)             # ... and one that beat it by a token: 1 - 1 + 0 + 1 > 0
     assert ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
     # in a batch the pass (and the widest tree) costs every sequence: more than half must call it
     ctl.starts[("ddtree", 0.0, 2)] = ctl.starts[("ddtree", 0.0, 3)] = (32, 0)  # batches of 2-3 and 4-7 start plain
@@ -489,8 +491,8 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     assert not ctl.wants_draft([loop(), calm(), calm()], 3)
     assert not ctl.wants_draft([loop(), loop(), calm(), calm()], 4)
     assert ctl.wants_draft([loop(), loop(), calm()], 3)
-    # the odds are kept per batch size class: batches of 2-3 have their own (fresh: 1/2, so repeats call)
-    assert set(ctl.repeat_odds) == {("ddtree", 0.0, 1)}
+    # the gains are kept per batch size class: batches of 2-3 have their own (fresh: repeats call)
+    assert set(ctl.repeat_gain) == {("ddtree", 0.0, 1)}
 
 
 def test_a_regime_is_the_setting_and_the_batch_size_class():
