@@ -120,8 +120,14 @@ class ModelRunner:
         a new graph then (the runner pads every dynamic size to >= 2 and `buckets` covers 0/1)."""
         fn = self._fns[self.compiled][which]
         if self.compiled and self.warm:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return fn(*args)
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return fn(*args)
+            except RuntimeError as e:  # an input no traced graph takes: compile it, with every guard
+                if "Recompilation triggered" not in str(e):
+                    raise
+                log.warning("a %s forward needed a graph the warm-up did not compile; compiling it now",
+                            ("target", "drafter")[which])
         return fn(*args)
 
     # ------------------------------------------------------------------ the pure forwards
