@@ -116,8 +116,10 @@ class ModelRunner:
     def _call(self, which: int, *args):
         """Forward `which` (0 target, 1 drafter) in the current mode. Once every bucket is traced
         (warm), dynamo checks only the guards that tell its graphs apart: the full guard set costs
-        0.1-0.5 ms a call on the reference CPU (~10 % of a one-token step), and no input can need
-        a new graph then (the runner pads every dynamic size to >= 2 and `buckets` covers 0/1)."""
+        0.1-0.5 ms a call on the reference CPU (~10 % of a one-token step). The engine's inputs
+        then always fit a traced graph (the runner pads every dynamic size to >= 2, `buckets`
+        covers 0/1, steps run in inference mode); any other input (e.g. tensors made outside
+        inference mode) makes torch raise rather than run a wrong graph, and is compiled here."""
         fn = self._fns[self.compiled][which]
         if self.compiled and self.warm:
             try:
