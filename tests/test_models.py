@@ -142,25 +142,6 @@ def test_compiled_decode_matches_transformers(tmp_path):
             assert (step[0] - ref[t]).abs().max() < 1e-4, t
 
 
-def test_a_warm_runner_compiles_an_input_its_warm_up_missed(tmp_path, caplog):
-    """Once warm, the runner checks only the guards that tell its graphs apart; an input no graph
-    takes (here tensors made outside inference mode: the warm-up's were inference tensors) makes
-    torch raise, and the runner compiles it with every guard instead of failing the request."""
-    kw = dict(CASES["qwen3"])
-    d = make_hf_target(tmp_path, kw.pop("model_type"), **kw)
-    ours = load_target(d, dtype="float32", device="cpu")
-    eager, warm = new_cache(ours), new_cache(ours, compile=True)
-    with torch.inference_mode():
-        warm.warmup(warm.buckets(1, 4, 4))
-        assert warm.warm
-    ids = [5, 7, 11]
-    ref = run(eager, 1, ids, 0)
-    with caplog.at_level("WARNING", logger="flashtree.engine"), torch.no_grad():
-        got = run(warm, 1, ids, 0)
-    assert (got - ref).abs().max() < 1e-4
-    assert "the warm-up did not compile" in caplog.text
-
-
 def test_one_row_dense_is_a_streamed_reduction_when_compiled():
     """layers.dense compiled on the CPU: one row becomes a multiply-and-sum (no GEMM call in the
     generated code), several rows stay one GEMM; both equal F.linear up to rounding."""

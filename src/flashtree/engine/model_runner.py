@@ -113,25 +113,6 @@ class ModelRunner:
             return tuple(_dynamic(t, *dims) for t, *dims in specs)
         return tuple(spec[0] for spec in specs)
 
-    def _call(self, which: int, *args):
-        """Forward `which` (0 target, 1 drafter) in the current mode. Once every bucket is traced
-        (warm), dynamo checks only the guards that tell its graphs apart: the full guard set costs
-        0.1-0.5 ms a call on the reference CPU (~10 % of a one-token step). The engine's inputs
-        then always fit a traced graph (the runner pads every dynamic size to >= 2, `buckets`
-        covers 0/1, steps run in inference mode); any other input (e.g. tensors made outside
-        inference mode) makes torch raise rather than run a wrong graph, and is compiled here."""
-        fn = self._fns[self.compiled][which]
-        if self.compiled and self.warm:
-            try:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return fn(*args)
-            except RuntimeError as e:  # an input no traced graph takes: compile it, with every guard
-                if "Recompilation triggered" not in str(e):
-                    raise
-                log.warning("a %s forward needed a graph the warm-up did not compile; compiling it now",
-                            ("target", "drafter")[which])
-        return fn(*args)
-
     # ------------------------------------------------------------------ the pure forwards
     def _target_step(self, tokens, positions, table, lengths, vis, cols, nodes, k_cache, v_cache):
         # tokens, positions [B, T]; table [B, pages]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t
@@ -183,7 +164,7 @@ class ModelRunner:
             cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
         args = self._inputs((tokens, 0, 1), (positions, 0, 1), (table, 0, 1), (lengths, 0),
                             (vis, 0, 1, 2), (cols, 0), (nodes, 0))
-        logits, feats, k, v = self._call(0, *args, self.cache.k, self.cache.v)
+        logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
         self.cache.write(rows, k, v)
         return logits, feats
 
@@ -203,7 +184,7 @@ class ModelRunner:
         cols = torch.arange(S, device=self.device)
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
                             (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
-        logprobs, k, v = self._call(1, *args, self.draft_cache.k, self.draft_cache.v)
+        logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
         self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
 
