@@ -38,6 +38,9 @@ def test_env_reports_installation_and_pair(pair, capsys):
     assert c["torch_compile"]["probed"] is False and c["torch_compile"]["works"] is None
     if r["device"]["selected"] == "cpu":
         assert c["cuda_graphs"]["works"] is False
+        from flashtree.models import cpu_dense  # the report says what the runner will do, and why
+        assert c["cpu_kernel"]["used"] is cpu_dense.available()
+        assert c["cpu_kernel"]["why"] == (cpu_dense.why_unavailable() or c["cpu_kernel"]["why"])
     assert all(m["available"] for m in r["methods"].values()) and list(r["methods"]) == list(METHODS)
     assert r["sampling"]["top_p"]["available"] and r["sampling"]["greedy"]["available"]
     t, d = r["pair"]["target"], r["pair"]["drafter"]

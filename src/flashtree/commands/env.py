@@ -159,10 +159,10 @@ def compiled_paths(device: str | None, target: dict | None = None, compile_timeo
     if device is None:
         why = "the device did not resolve"
         return {"engine": engine_compile_option("cpu"), "attention": {"kernel": None, "runs": {}, "why": why},
-                "cuda_graphs": {"works": False, "why": why},
+                "cpu_kernel": {"used": False, "why": why}, "cuda_graphs": {"works": False, "why": why},
                 "torch_compile": {"probed": False, "works": None, "why": why}}
     return {"engine": engine_compile_option(device), "attention": attention_kernel(device, target or {}),
-            "cuda_graphs": cuda_graphs(device), "torch_compile": torch_compile(device, compile_timeout)}
+            "cpu_kernel": cpu_projection_kernel(device), "cuda_graphs": cuda_graphs(device), "torch_compile": torch_compile(device, compile_timeout)}
 
 
 def engine_compile_option(device: str = "cpu") -> dict:
@@ -179,6 +179,22 @@ def engine_compile_option(device: str = "cpu") -> dict:
            "eager PyTorch (FLASHTREE_COMPILE=0 or no C++ compiler for inductor)")
     return {"compile_option": True, "auto": auto,
             "note": f"LLM(compile='auto') runs {why}; compile=True/False forces it (--compile/--no-compile)"}
+
+
+def cpu_projection_kernel(device: str) -> dict:
+    """Whether the model runner's projections take the CPU kernel (models/cpu_dense.py) here: built
+    (or loaded from its cache) and checked against F.linear on a small product."""
+    if device != "cpu":
+        return {"used": False, "why": f"only float32 on the CPU; {device} runs F.linear"}
+    import torch
+    import torch.nn.functional as F
+    from ..models import cpu_dense
+    if not cpu_dense.available():
+        return {"used": False, "why": cpu_dense.why_unavailable()}
+    x, w = torch.randn(9, 64), torch.randn(40, 64)
+    ok = torch.allclose(cpu_dense.dense(x, w, cpu_dense.pack(w), None), F.linear(x, w), rtol=1e-4, atol=1e-4)
+    return {"used": ok, "why": "float32 projections of up to %d rows (AVX2/FMA)" % cpu_dense.MAX_ROWS if ok
+            else "built, but its result disagreed with F.linear: not used by this report's check"}
 
 
 SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
@@ -409,11 +425,12 @@ def render(r: dict) -> str:
 
 
 def _render_compiled(c: dict) -> list[str]:
-    a, g, t = c["attention"], c["cuda_graphs"], c["torch_compile"]
+    a, k, g, t = c["attention"], c["cpu_kernel"], c["cuda_graphs"], c["torch_compile"]
     runs = ", ".join(k for k, ok in a["runs"].items() if ok) or "none"
     compiled = {True: "works", False: "FAILS", None: "not run" if not t["probed"] else "unknown"}[t["works"]]
     return ["compiled paths", f"  {'engine':<18} {c['engine']['note']}",
             f"  {'attention':<18} SDPA picks {a['kernel'] or 'unknown'} (runs: {runs})",
+            f"  {'cpu_kernel':<18} {'used' if k['used'] else 'not used'}: {k['why']}",
             f"  {'cuda_graphs':<18} {'works' if g['works'] else 'no'}: {g['why']}",
             f"  {'torch_compile':<18} {compiled}: {t['why']}" + (f" ({t['seconds']} s)" if "seconds" in t else "")]
 

@@ -36,6 +36,8 @@ from ..errors import UserError
 from .block_manager import BlockManager
 from .kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
+from ..models import cpu_dense
+from ..models.layers import pack_projections
 from ..models.target import TargetModel
 
 log = logging.getLogger("flashtree.engine")
@@ -76,6 +78,13 @@ class ModelRunner:
         self.target, self.drafter, self.blocks = target, drafter, blocks
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # float32 on a CPU with AVX2: projections through the CPU kernel (models/cpu_dense.py)
+        self.cpu_kernel = pack_projections(target)
+        if drafter is not None and self.cpu_kernel:
+            pack_projections(drafter)
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            log.info("projections: %s", "the CPU kernel (models/cpu_dense.cpp)" if self.cpu_kernel
+                     else f"F.linear ({cpu_dense.why_unavailable()})")
         tc = target.config
         rows = blocks.num_pages * blocks.page_size
         self.cache = KVCache(tc.num_hidden_layers, rows, tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)

@@ -14,17 +14,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from . import cpu_dense
 
 
-def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+          packed: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias; x [..., in], weight [out, in] -> [..., out].
 
-    One row on a CPU inside a compiled graph (a single sequence decoding one token) is written as a
-    multiply-and-sum: inductor turns it into one vectorised reduction that streams each weight
-    once, ~3x faster than MKL's GEMV on the reference CPU (a 4-layer 256-wide step's GEMMs: 1.5 ->
-    0.46 ms). More rows stay one GEMM (the sum costs a weight pass per row; at 9 rows it loses).
-    Eager calls, CUDA and training always take the GEMM. The two differ only in rounding.
+    With `packed` (the weight in `cpu_dense`'s panels, made by `Linear.pack` for the model runner)
+    and a float32 CPU input: the CPU kernel (`cpu_dense.cpp`), eager or compiled — ~3-5x faster
+    than MKL for the 1..33 rows a decode step multiplies on the reference CPU, and batch-invariant.
+    Without it, one row on a CPU inside a compiled graph is written as a multiply-and-sum, which
+    inductor turns into one vectorised reduction streaming each weight once (~3x faster than
+    MKL's GEMV there; more rows stay one GEMM: the sum costs a weight pass per row). Everything
+    else (CUDA, training, other dtypes) is `F.linear`. The forms differ only in rounding.
     """
+    if packed is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
+        return cpu_dense.dense(x, weight, packed, bias)
     if torch.compiler.is_compiling() and x.device.type == "cpu" and x.shape[:-1].numel() == 1:
         y = (x.reshape(1, -1) * weight).sum(-1)                            # [out]
         y = y if bias is None else y + bias
@@ -32,11 +38,43 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return F.linear(x, weight, bias)
 
 
+def _packed_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight packed for the CPU kernel, or None where the kernel does not apply."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_dense.available():
+        return None
+    return cpu_dense.pack(weight)
+
+
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and state-dict names) whose forward is `dense`."""
+    """nn.Linear (same parameters and state-dict names) whose forward is `dense`.
+
+    `pack()` adds the weight in the CPU kernel's layout (a buffer outside the state dict, made once
+    at load: the weight must not change afterwards); until then, and where the kernel does not
+    apply, it is F.linear.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("packed", None, persistent=False)
+
+    def pack(self) -> None:
+        self.packed = _packed_for_cpu(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(x, self.weight, self.bias)
+        return dense(x, self.weight, self.bias, self.packed)
+
+
+def pack_projections(model: nn.Module) -> bool:
+    """Pack every projection of `model` for the CPU kernel (inference only: weights frozen from
+    here on). False, changing nothing, where the kernel does not apply (not a float32 CPU model,
+    no AVX2, no compiler, FLASHTREE_CPU_KERNEL=0)."""
+    p = next(model.parameters(), None)
+    if p is None or _packed_for_cpu(p.new_zeros(1, 1)) is None:
+        return False
+    for m in model.modules():
+        if isinstance(m, (Linear, Attention)):
+            m.pack()
+    return True
 
 
 class RMSNorm(nn.Module):
@@ -116,6 +154,12 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.register_buffer("kv_packed", None, persistent=False)  # the k/v rows of qkv_proj, packed
+
+    def pack(self) -> None:
+        """Pack the k/v rows of the fused weight for `project_kv` (the projections pack themselves)."""
+        if hasattr(self, "qkv_proj"):
+            self.kv_packed = _packed_for_cpu(self.qkv_proj.weight[self.n_heads * self.head_dim:])
 
     def fuse(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows q, then k, then v): one GEMM per layer."""
@@ -146,7 +190,7 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             nq = self.n_heads * self.head_dim
             w, b = self.qkv_proj.weight[nq:], self.qkv_proj.bias
-            k, v = dense(x, w, None if b is None else b[nq:]).chunk(2, dim=-1)
+            k, v = dense(x, w, None if b is None else b[nq:], self.kv_packed).chunk(2, dim=-1)
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         return self._heads(None, k, v, cos, sin)[1:]

@@ -1,0 +1,111 @@
+"""The CPU projection kernel (`cpu_dense.cpp`): build it once, pack weights for it, call it.
+
+`torch.ops.flashtree.dense(x, weight, packed, bias)` computes `F.linear(x, weight, bias)` for up
+to MAX_ROWS rows with an AVX2/FMA kernel that reads each packed weight once per six rows (MKL's
+sgemm is slow for few rows on the CPUs measured; see the .cpp), and hands more rows to
+`at::linear`. Every output row is the same sequential sum whatever else is in the batch.
+
+It is built with torch's C++-extension loader the first time a process asks for it on a
+machine (~10 s; later processes load the cached library) — only on x86-64 CPUs with AVX2 and FMA
+and a C++ compiler, and not when `FLASHTREE_CPU_KERNEL=0`. Anything else, or a failed build
+(logged once, with the reason), leaves `available()` False and projections on `F.linear`.
+
+This module does not decide which layers use the kernel (`layers.Linear.pack` does, for the
+model runner) and holds no weights.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("flashtree.models")
+
+MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
+PANEL = 16      # output columns per packed panel (kW in the .cpp)
+_SOURCE = Path(__file__).with_name("cpu_dense.cpp")
+_state: dict[str, object] = {}  # "ok": bool once tried, "why": the reason when not
+
+
+def _cpu_has_avx2_fma() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return {"avx2", "fma"} <= set(flags.split())
+
+
+def _why_not() -> str | None:
+    """Why the kernel cannot be used here, or None when it can be built."""
+    if os.environ.get("FLASHTREE_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off"):
+        return "FLASHTREE_CPU_KERNEL=0"
+    if not _cpu_has_avx2_fma():
+        return f"needs an x86-64 CPU with AVX2 and FMA (this is {platform.machine()})"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (set CXX or install g++)"
+    return None
+
+
+def _ninja_on_path() -> None:
+    """torch's loader runs `ninja`; the `ninja` wheel installs it beside this Python."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+
+
+def available() -> bool:
+    """Build (once per machine) and load the kernel; False, with one logged reason, if it can't."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    why = _why_not()
+    if why is None:
+        try:
+            from torch.utils.cpp_extension import load
+            _ninja_on_path()
+            t0 = time.perf_counter()
+            load(name="flashtree_cpu_dense", sources=[str(_SOURCE)], is_python_module=False,
+                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
+            torch.library.register_fake("flashtree::dense")(_dense_shape)
+            log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
+        except Exception as e:  # a build or load failure: keep serving on F.linear
+            why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    _state["ok"], _state["why"] = why is None, why
+    if why is not None and why != "FLASHTREE_CPU_KERNEL=0":
+        log.warning("CPU projection kernel not used (%s): projections run on torch's GEMM", why)
+    return why is None
+
+
+def why_unavailable() -> str | None:
+    """The reason `available()` gave False (None when it is available or was not asked)."""
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def _dense_shape(x, weight, packed, bias):
+    """Shape of the op's output for torch.compile's tracing: [..., N]."""
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> packed [ceil(N/16), K, 16]: packed[p, k, c] = weight[16p + c, k], zeros past N."""
+    n, k = weight.shape
+    p = -(-n // PANEL)
+    padded = torch.zeros(p * PANEL, k, dtype=weight.dtype, device=weight.device)
+    padded[:n] = weight.detach()
+    return padded.view(p, PANEL, k).transpose(1, 2).contiguous()
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ weight.T + bias through the kernel (call only when `available()`)."""
+    return torch.ops.flashtree.dense(x, weight, packed, bias)

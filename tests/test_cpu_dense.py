@@ -1,0 +1,139 @@
+"""The CPU projection kernel (models/cpu_dense.py + .cpp): exact up to rounding against a float64
+GEMM, batch-invariant row by row, the same compiled as eager, clear errors, and the model runner
+falling back to F.linear where it is switched off."""
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashtree.models import cpu_dense
+from flashtree.models.layers import Linear, dense
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _should_build() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return (platform.machine() == "x86_64" and " avx2" in flags and " fma" in flags
+            and shutil.which(os.environ.get("CXX", "c++")) is not None
+            and os.environ.get("FLASHTREE_CPU_KERNEL", "") != "0")
+
+
+needs_kernel = pytest.mark.skipif(not _should_build(), reason="the CPU kernel needs x86-64 AVX2+FMA and a C++ compiler")
+
+
+@needs_kernel
+def test_kernel_builds_where_it_should():
+    """A machine that can build it must get it: a failed build would otherwise pass silently on F.linear."""
+    assert cpu_dense.available(), cpu_dense.why_unavailable()
+
+
+@needs_kernel
+@pytest.mark.parametrize("K", [1, 7, 256])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 100, 512])
+def test_matches_a_float64_gemm(N, K):
+    g = torch.Generator().manual_seed(N * 1000 + K)
+    w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    packed = cpu_dense.pack(w)
+    for M in (1, 2, 3, 5, 6, 7, 9, 13, 17, 33, 64, 256, 257):  # 1..6-row tiles, their sums, at::linear past 256
+        x = torch.randn(M, K, generator=g)
+        for bias in (b, None):
+            ref = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+            y = cpu_dense.dense(x, w, packed, bias)
+            assert y.shape == (M, N) and y.dtype == torch.float32
+            torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-6 * K ** 0.5, msg=f"M={M}")
+    # leading dims are kept: [B, T, K] -> [B, T, N]
+    x = torch.randn(2, 9, K, generator=g)
+    torch.testing.assert_close(cpu_dense.dense(x, w, packed, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5 * K ** 0.5)
+
+
+@needs_kernel
+def test_each_row_is_the_same_whatever_shares_its_call():
+    """Batch invariance: row i's output is bit-identical alone, in any batch up to MAX_ROWS, in any order."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(200, 96, generator=g), torch.randn(200, generator=g)
+    packed = cpu_dense.pack(w)
+    x = torch.randn(cpu_dense.MAX_ROWS, 96, generator=g)
+    full = cpu_dense.dense(x, w, packed, b)
+    for i in (0, 1, 5, 6, 100, cpu_dense.MAX_ROWS - 1):
+        assert torch.equal(cpu_dense.dense(x[i:i + 1], w, packed, b)[0], full[i]), i
+    for M in (2, 7, 9, 17):
+        perm = torch.randperm(cpu_dense.MAX_ROWS, generator=g)[:M]
+        assert torch.equal(cpu_dense.dense(x[perm], w, packed, b), full[perm]), M
+    # negative control: the comparison is bitwise, so the same sums in another order do not pass it
+    halves = F.linear(x[:, :48], w[:, :48]) + F.linear(x[:, 48:], w[:, 48:]) + b
+    assert not torch.equal(halves, full)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 9])
+def test_compiled_call_is_the_eager_op(rows):
+    """Inside torch.compile (inductor with the C++ wrapper, as the model runner builds it) the op is
+    called as is: bit-identical to the eager call."""
+    g = torch.Generator().manual_seed(rows)
+    lin = Linear(64, 80, bias=True)
+    with torch.no_grad():
+        lin.bias.normal_(generator=g)
+    lin.requires_grad_(False)
+    lin.pack()
+    assert lin.packed is not None and "packed" not in lin.state_dict()
+    x = torch.randn(1, rows, 64, generator=g)
+    fn = torch.compile(lambda t: F.silu(lin(t)), fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
+    with torch.inference_mode():
+        eager = F.silu(cpu_dense.dense(x, lin.weight, lin.packed, lin.bias))
+        assert torch.equal(fn(x), eager)
+        torch.testing.assert_close(eager, F.silu(F.linear(x, lin.weight, lin.bias)), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_bad_inputs_get_clear_errors_and_gradients_take_the_gemm():
+    w = torch.randn(32, 16)
+    packed = cpu_dense.pack(w)
+    with pytest.raises(RuntimeError, match="x has 15 features, the weight 16"):
+        cpu_dense.dense(torch.randn(2, 15), w, packed, None)
+    with pytest.raises(RuntimeError, match="packed weight must be"):
+        cpu_dense.dense(torch.randn(2, 16), w, packed[:1], None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        cpu_dense.dense(torch.randn(2, 16), w, packed, torch.zeros(31))
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_dense.dense(torch.randn(2, 16, dtype=torch.float64), w, packed, None)
+    # an input that needs a gradient takes F.linear (the op has no backward)
+    x = torch.randn(3, 16, requires_grad=True)
+    dense(x, w, None, packed).sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(3, -1))
+
+
+def test_switched_off_the_runner_uses_f_linear_and_stays_exact():
+    """FLASHTREE_CPU_KERNEL=0: no packing; greedy ddtree still equals greedy ar (eager)."""
+    code = (
+        "from flashtree import LLM, SamplingParams\n"
+        "from flashtree.models import cpu_dense\n"
+        "sp = SamplingParams(temperature=0, max_tokens=24)\n"
+        "outs = []\n"
+        "for kw in ({'method': 'ar'}, {'method': 'ddtree', 'budget': 8}):\n"
+        "    llm = LLM(compile=False, **kw)\n"
+        "    assert llm.engine.runner.cpu_kernel is False\n"
+        "    assert all(getattr(mod, 'packed', None) is None for mod in llm.engine.runner.target.modules())\n"
+        "    outs.append(llm.generate(['def add(a, b):'], sp)[0].token_ids)\n"
+        "assert outs[0] == outs[1], outs\n"
+        "assert cpu_dense.why_unavailable() == 'FLASHTREE_CPU_KERNEL=0'\n"
+        "print('ok')\n")
+    env = {**os.environ, "FLASHTREE_CPU_KERNEL": "0"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+@needs_kernel
+def test_the_runner_packs_the_pairs_projections():
+    from flashtree import LLM
+    llm = LLM(method="ddtree", budget=8, compile=False)
+    runner = llm.engine.runner
+    assert runner.cpu_kernel is True
+    packed = [m for m in list(runner.target.modules()) + list(runner.drafter.modules()) if isinstance(m, Linear)]
+    assert packed and all(m.packed is not None for m in packed)
