@@ -122,8 +122,9 @@ def test_prefill_and_decode_logits_match_transformers(pair):
 
 
 def test_compiled_decode_matches_transformers(tmp_path):
-    """The compiled runner, whose one-token step takes the CPU's one-row projections (layers.dense),
-    on the llama case (random q/k/v/o and MLP biases: the one-row form adds them too)."""
+    """The compiled runner, whose projections take the CPU kernel where it builds (models/cpu_dense.py;
+    else the one-row form of layers.dense), on the llama case (random q/k/v/o and MLP biases: both
+    forms add them too)."""
     import transformers
     kw = dict(CASES["llama"])
     d = make_hf_target(tmp_path, kw.pop("model_type"), **kw)

@@ -1,7 +1,8 @@
 """Building blocks shared by the target and the drafter: RMSNorm, RoPE, GQA attention, SwiGLU.
 
 Parameter names follow HF transformers so safetensors checkpoints load by name; `fuse()` then
-merges q/k/v and gate/up into one GEMM each for inference (training keeps the HF layout).
+merges q/k/v and gate/up into one GEMM each for inference (training keeps the HF layout), and
+`pack_projections()` gives each projection its weight in the CPU kernel's layout (`cpu_dense`).
 Attention takes an explicit boolean mask (True = may attend) or none (all keys visible); no
 module here owns a KV cache.
 """
