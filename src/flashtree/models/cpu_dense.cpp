@@ -2,7 +2,8 @@
 //
 // Why: a decode step multiplies 1..~100 rows by each weight. MKL's sgemm is tuned for big
 // products; on the reference CPU (Zen 3, AVX2) the bundled target's 17 projections took
-// 1.4-3.6 ms at 1-9 rows through it, against 0.33-0.79 ms here (sessions' scratch chain).
+// 1.97-3.69 ms at 1-9 rows through it, against 0.43-1.08 ms here
+// (scripts/measure_projections.py).
 //
 // How: the weight [N, K] is packed once into panels of 16 output columns, k-major:
 // packed[p, k, c] = W[16p + c, k] (zero-padded past N), so one k step of a panel is one 64-byte
@@ -29,7 +30,9 @@
 namespace {
 
 constexpr int kW = 16;            // panel width: two 8-float vectors
-constexpr int64_t kMaxRows = 256;  // more rows: at::linear (matches flashtree/models/cpu_dense.py)
+// More rows: at::linear (matches MAX_ROWS in flashtree/models/cpu_dense.py). On the reference
+// Zen 3 the kernel was still 1.1x MKL at 256 rows; on an AVX-512 CPU MKL may win sooner (unmeasured).
+constexpr int64_t kMaxRows = 256;
 
 // y[MR, <=16P] = x[MR, K] @ panels[P]; ncols = valid columns left from this tile's first.
 template <int MR, int P>
