@@ -39,11 +39,14 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return F.linear(x, weight, bias)
 
 
+def _kernel_applies(t: torch.Tensor) -> bool:
+    """The CPU kernel serves float32 CPU tensors, where it builds."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and cpu_dense.available()
+
+
 def _packed_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
     """The weight packed for the CPU kernel, or None where the kernel does not apply."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_dense.available():
-        return None
-    return cpu_dense.pack(weight)
+    return cpu_dense.pack(weight) if _kernel_applies(weight) else None
 
 
 class Linear(nn.Linear):
@@ -70,7 +73,7 @@ def pack_projections(model: nn.Module) -> bool:
     here on). False, changing nothing, where the kernel does not apply (not a float32 CPU model,
     no AVX2, no compiler, FLASHTREE_CPU_KERNEL=0)."""
     p = next(model.parameters(), None)
-    if p is None or _packed_for_cpu(p.new_zeros(1, 1)) is None:
+    if p is None or not _kernel_applies(p):
         return False
     for m in model.modules():
         if isinstance(m, (Linear, Attention)):
