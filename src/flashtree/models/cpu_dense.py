@@ -15,11 +15,11 @@ model runner) and holds no weights.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +30,6 @@ log = logging.getLogger("flashtree.models")
 MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
 _SOURCE = Path(__file__).with_name("cpu_dense.cpp")
-_state: dict[str, object] = {}  # "ok": bool once tried, "why": the reason when not
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -55,20 +54,15 @@ def _why_not() -> str | None:
 
 
 def _ninja_on_path() -> None:
-    """torch's loader runs `ninja`; the `ninja` wheel installs it beside this Python."""
-    if shutil.which("ninja"):
-        return
-    try:
+    """torch's loader runs `ninja`; the `ninja` wheel (a dependency) installs it beside this Python."""
+    if shutil.which("ninja") is None:
         import ninja
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    except ImportError:
-        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 
-def available() -> bool:
-    """Build (once per machine) and load the kernel; False, with one logged reason, if it can't."""
-    if "ok" in _state:
-        return bool(_state["ok"])
+@functools.cache
+def _load() -> str | None:
+    """Build (once per machine) and load the kernel: None when it is ready, else why not."""
     why = _why_not()
     if why is None:
         try:
@@ -81,15 +75,19 @@ def available() -> bool:
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
             why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-    _state["ok"], _state["why"] = why is None, why
     if why is not None and why != "FLASHTREE_CPU_KERNEL=0":
         log.warning("CPU projection kernel not used (%s): projections run on torch's GEMM", why)
-    return why is None
+    return why
+
+
+def available() -> bool:
+    """Whether the kernel is ready (building it the first time a process asks)."""
+    return _load() is None
 
 
 def why_unavailable() -> str | None:
-    """The reason `available()` gave False (None when it is available or was not asked)."""
-    return _state.get("why")  # type: ignore[return-value]
+    """Why the kernel is not used here (None when it is)."""
+    return _load()
 
 
 def _dense_shape(x, weight, packed, bias):
