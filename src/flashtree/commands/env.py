@@ -174,10 +174,12 @@ def engine_compile_option(device: str = "cpu") -> dict:
         return {"compile_option": False,
                 "note": "LLM() has no compile option in this build: every forward runs eager PyTorch"}
     import torch
+    from ..engine import aot_graphs
     auto = resolve_compile("auto", torch.device(device))
-    why = ("torch.compile (inductor), compiled at load" if auto else
-           "eager PyTorch (FLASHTREE_COMPILE=0 or no C++ compiler for inductor)")
-    return {"compile_option": True, "auto": auto,
+    compiled = (f"AOTInductor packages, one per shape bucket, compiled once and cached in {aot_graphs.cache_dir()}"
+                if device == "cpu" else "torch.compile (inductor), compiled at load")
+    why = compiled if auto else "eager PyTorch (FLASHTREE_COMPILE=0 or no C++ compiler for inductor)"
+    return {"compile_option": True, "auto": auto, "cache_dir": str(aot_graphs.cache_dir()) if device == "cpu" else None,
             "note": f"LLM(compile='auto') runs {why}; compile=True/False forces it (--compile/--no-compile)"}
 
 

@@ -32,7 +32,8 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     """
     if packed is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
         return cpu_dense.dense(x, weight, packed, bias)
-    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.shape[:-1].numel() == 1:
+    if torch.compiler.is_compiling() and x.device.type == "cpu" and math.prod(x.shape[:-1]) == 1:
+        # (math.prod keeps symbolic sizes symbolic; torch.Size.numel() would make export specialise them)
         y = (x.reshape(1, -1) * weight).sum(-1)                            # [out]
         y = y if bias is None else y + bias
         return y.view(*x.shape[:-1], weight.shape[0])

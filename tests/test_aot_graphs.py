@@ -1,0 +1,92 @@
+"""AOTInductor packages of the runner's forwards (engine/aot_graphs.py): buckets, the disk cache, weights."""
+import pytest
+import torch
+
+from flashtree.engine import aot_graphs
+from flashtree.engine.aot_graphs import AOTGraphs
+
+pytestmark = pytest.mark.skipif(not aot_graphs.available(), reason=aot_graphs.why_unavailable() or "")
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.proj = torch.nn.Linear(8, 8, dtype=torch.float64)
+
+    def step(self, x, scale):
+        # x [B, T, 8]; scale [S]: a reduction over a second dynamic size
+        return self.proj(x) * scale.sum(), x.shape[1] * torch.ones(1, dtype=torch.float64)
+
+
+def graphs(model, **settings):
+    return AOTGraphs("tiny", model.step, {"model": model}, (("B", "T", None), ("S",)), settings)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTREE_CACHE_DIR", str(tmp_path))
+    return tmp_path / "aoti"
+
+
+def test_a_bucket_is_compiled_once_then_loaded_from_the_cache(cache):
+    model = Tiny()
+    g = graphs(model)
+    x, s = torch.randn(3, 5, 8, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    with torch.inference_mode():
+        out, t = g(x, s)
+        torch.testing.assert_close(out, model.step(x, s)[0], rtol=0, atol=1e-12)
+        assert t.item() == 5
+        # the same bucket at other dynamic sizes: no new package
+        x2, s2 = torch.randn(2, 9, 8, dtype=torch.float64), torch.rand(7, dtype=torch.float64)
+        torch.testing.assert_close(g(x2, s2)[0], model.step(x2, s2)[0], rtol=0, atol=1e-12)
+        assert g(x2, s2)[1].item() == 9  # T is an input of the graph, not a constant
+        assert g.compiled_now == 1 and len(list(cache.glob("*.pt2"))) == 1
+        # a size of 1 is its own bucket
+        x1 = torch.randn(1, 1, 8, dtype=torch.float64)
+        torch.testing.assert_close(g(x1, s)[0], model.step(x1, s)[0], rtol=0, atol=1e-12)
+        assert g.compiled_now == 2 and len(g.packages) == 2
+        # a new object for the same model and settings (a new engine, a new process) loads both
+        again = graphs(model)
+        torch.testing.assert_close(again(x, s)[0], out, rtol=0, atol=0)
+        again(x1, s)
+        assert again.compiled_now == 0
+
+
+def test_packages_use_the_models_own_weights(cache):
+    """Weights are not copied into the package: the loaded graph reads the module's tensors."""
+    model = Tiny()
+    g = graphs(model)
+    x, s = torch.randn(2, 3, 8, dtype=torch.float64), torch.rand(2, dtype=torch.float64)
+    with torch.inference_mode():
+        before = g(x, s)[0]
+        model.proj.bias.add_(1.0)
+        after = g(x, s)[0]
+    torch.testing.assert_close(after - before, s.sum().expand_as(before), rtol=0, atol=1e-12)
+
+
+def test_a_cached_package_serves_another_model_of_the_same_shapes_with_its_own_weights(cache):
+    """The key holds weight shapes, not values: nothing of the exporting model's weights may stay in
+    the package (inductor would inline a bias of <= 8 values into the code unless told not to)."""
+    a, b = Tiny(seed=1), Tiny(seed=2)
+    x, s = torch.randn(2, 3, 8, dtype=torch.float64), torch.rand(2, dtype=torch.float64)
+    with torch.inference_mode():
+        ga, gb = graphs(a), graphs(b)
+        out_a = ga(x, s)[0]
+        out_b = gb(x, s)[0]
+    assert ga.compiled_now == 1 and gb.compiled_now == 0  # b loaded a's package
+    torch.testing.assert_close(out_a, a.step(x, s)[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(out_b, b.step(x, s)[0], rtol=0, atol=1e-12)
+    assert (out_a - out_b).abs().max() > 0.1
+
+
+def test_the_key_names_what_the_graph_depends_on(cache):
+    model = Tiny()
+    a, b = graphs(model, page_size=16), graphs(model, page_size=8)
+    bucket = frozenset()
+    assert a.path(bucket) != b.path(bucket)                       # settings
+    assert a.path(bucket) != a.path(frozenset({("B", 1)}))        # buckets
+    assert a.path(bucket) == graphs(model, page_size=16).path(bucket)
+    other = Tiny()
+    other.proj = torch.nn.Linear(8, 16, dtype=torch.float64)
+    assert graphs(other, page_size=16).path(bucket) != a.path(bucket)  # weight shapes
