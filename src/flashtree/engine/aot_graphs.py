@@ -11,7 +11,7 @@ per one-token target step (1.06 -> 0.67 ms, bit-identical outputs; benchmarks/co
 
 Packages are cached under $FLASHTREE_CACHE_DIR (default ~/.cache/flashtree)/aoti, one file per
 (graph, bucket) keyed by everything the traced graph depends on: torch's version, the source of the
-modules it traces (`models/`, this file, `model_runner.py`), the weights' names, shapes and dtypes,
+modules it traces (`models/`, `model_runner.py`; this module's FORMAT), the weights' names, shapes and dtypes,
 the runner's static settings (page size, feature layers, CPU kernel on/off) and inductor's CPU vector
 ISA. A cached package loads in well under a second; compiling one costs ~15-25 s here. Deleting the
 directory is always safe.
@@ -32,10 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 
 log = logging.getLogger("flashtree.engine")
 
-_SOURCES = ("models", "engine/model_runner.py", "engine/aot_graphs.py")  # what a traced graph is made of
+_SOURCES = ("models", "engine/model_runner.py")  # what a traced graph is made of
+FORMAT = 1  # bump when how this module exports or compiles changes (it is not in _SOURCES)
 # Every weight stays the model's own tensor, read at run time: none in the shared object, and none
 # inlined into the generated code (inductor inlines 1-D tensors of <= 8 values, e.g. a small bias,
 # which would tie a cached package to the weights it was exported with). Pass a copy: inductor
@@ -89,6 +91,19 @@ class _Exported(torch.nn.Module):
         return self.fn(*args)
 
 
+class _Runner:
+    """A loaded package called with positional tensors. (The package's own __call__ parses its
+    input and output tree specs from JSON on every call: ~40 us a step here.)"""
+    __slots__ = ("loader", "out_spec")
+
+    def __init__(self, package):
+        self.loader = package.loader
+        self.out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+
+    def __call__(self, *args):
+        return pytree.tree_unflatten(self.loader.boxed_run(list(args)), self.out_spec)
+
+
 class AOTGraphs:
     """fn(*args) through an AOTInductor package per bucket. dims: per positional argument, a name per
     axis (None: that axis's size is part of the graph, e.g. a head count) — axes with equal names have
@@ -105,8 +120,8 @@ class AOTGraphs:
         self.weights.update(self.module.named_buffers(remove_duplicate=False))
         self._named = [(i, a, n) for i, axes in enumerate(dims) if axes for a, n in enumerate(axes) if n]
         self._key = json.dumps(  # fixed now: a later change to anything it names cannot move a package
-            {"graph": name, "torch": torch.__version__, "source": _source_digest(), "isa": _vec_isa(),
-             "settings": settings, "inductor": _INDUCTOR, "mins": self.mins,
+            {"graph": name, "format": FORMAT, "torch": torch.__version__, "source": _source_digest(), "isa": _vec_isa(),
+             "settings": settings, "inductor": _INDUCTOR, "dims": dims, "mins": self.mins,
              "weights": sorted((k, list(t.shape), str(t.dtype)) for k, t in self.weights.items())},
             sort_keys=True, default=str)
         self.packages: dict[frozenset, Callable] = {}
@@ -140,7 +155,7 @@ class AOTGraphs:
                                f"delete {cache_dir()} and load again")
         run.load_constants({f: self.weights[f] for f in run.get_constant_fqns()}, check_full_update=True,
                            user_managed=True)
-        return run
+        return _Runner(run)
 
     def _compile(self, bucket: frozenset, args, path: Path) -> None:
         from torch.export import Dim

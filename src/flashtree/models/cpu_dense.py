@@ -29,7 +29,7 @@ log = logging.getLogger("flashtree.models")
 
 MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
-_SOURCE = Path(__file__).with_name("cpu_dense.cpp")
+_SOURCES = [str(Path(__file__).with_name(f)) for f in ("cpu_dense.cpp", "cpu_attention.cpp")]
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -69,9 +69,10 @@ def _load() -> str | None:
             from torch.utils.cpp_extension import load
             _ninja_on_path()
             t0 = time.perf_counter()
-            load(name="flashtree_cpu_dense", sources=[str(_SOURCE)], is_python_module=False,
+            load(name="flashtree_cpu_kernels", sources=_SOURCES, is_python_module=False,
                  extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
             torch.library.register_fake("flashtree::dense")(_dense_shape)
+            torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
             why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -93,6 +94,20 @@ def why_unavailable() -> str | None:
 def _dense_shape(x, weight, packed, bias):
     """Shape of the op's output for torch.compile's tracing: [..., N]."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _attention_shape(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size, scale):
+    """Shape of paged_attention's output: q's [B, T, H, D]."""
+    return torch.empty_like(q)
+
+
+def paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size: int) -> torch.Tensor:
+    """Attention of queries q [B, T, H, D] over each sequence's cached rows < lengths[b], read in
+    place from one layer's cache [rows, Hkv, D] through the page table [B, pages], then over the
+    new rows k_new, v_new [B, N, Hkv, D] that vis [B, T, N] lets them see (`cpu_attention.cpp`;
+    float32, call only when `available()`) -> [B, T, H, D]."""
+    return torch.ops.flashtree.paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size,
+                                               q.shape[-1] ** -0.5)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
-from .layers import MLP, Attention, Linear, RMSNorm, Rotary, page_rows
+from .layers import MLP, Attention, Linear, Paged, RMSNorm, Rotary, page_rows, paged_applies
 
 
 class DrafterLayer(nn.Module):
@@ -31,6 +31,9 @@ class DrafterLayer(nn.Module):
         if ctx is not None:
             kc, vc = self.self_attn.project_kv(ctx, *rope_ctx)
             k, v = torch.cat([kc, k], dim=1), torch.cat([vc, v], dim=1)
+        if isinstance(past, Paged):  # the CPU kernel reads the cached rows in place
+            x = x + self.self_attn.attend_paged(q, k, v, past)
+            return x + self.mlp(self.post_attention_layernorm(x)), kc, vc
         if past is not None:
             k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
         x = x + self.self_attn.attend(q, k, v, mask)
@@ -65,9 +68,13 @@ class DFlashDrafter(nn.Module):
         rows < past_len[b] (logical rows cols [S], read through the page table [B, pages]), context rows < ctx_len[b] and block rows < block_len[b]
         (non-causal). Returns (hidden [B, K, H], k_ctx, v_ctx [L, B, C, Hkv, D])."""
         B, K = block_pos.shape
-        seen = cols[None, :] < past_len[:, None]                                   # [B, S]
         fresh = torch.arange(ctx_feats.shape[1], device=cols.device)[None, :] < ctx_len[:, None]
         own = torch.arange(K, device=cols.device)[None, :] < block_len[:, None]
+        if paged_applies(k_cache):  # the CPU kernel reads the cache in place: no gather
+            vis = torch.cat([fresh, own], dim=1)[:, None, :].expand(B, K, -1)             # [B, K, C+K]
+            past = [Paged(k_cache[i], v_cache[i], table, past_len, vis, page_size) for i in range(len(self.layers))]
+            return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, None, past)
+        seen = cols[None, :] < past_len[:, None]                                   # [B, S]
         mask = torch.cat([seen, fresh, own], dim=1)[:, None, None, :].expand(B, 1, K, -1)  # [B, 1, K, S+C+K]
         rows = page_rows(table, cols, page_size)                                    # [B, S]
         past = [(k_cache[i][rows], v_cache[i][rows]) for i in range(len(self.layers))]

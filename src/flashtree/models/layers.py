@@ -9,6 +9,7 @@ module here owns a KV cache.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +144,23 @@ def page_rows(table: torch.Tensor, cols: torch.Tensor, page_size: int) -> torch.
     return table[:, cols // page_size] * page_size + cols % page_size
 
 
+@dataclass(slots=True)
+class Paged:
+    """One layer's view of a paged KV cache for `Attention.attend_paged`: cache [rows, Hkv, D];
+    table [B, pages]; lengths [B] cached rows each sequence sees; vis [B, T, N] query t sees new row j."""
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    table: torch.Tensor
+    lengths: torch.Tensor
+    vis: torch.Tensor
+    page_size: int
+
+
+def paged_applies(cache: torch.Tensor) -> bool:
+    """The CPU attention kernel reads this cache in place (float32 on a CPU where it builds, no grad)."""
+    return _kernel_applies(cache) and not torch.is_grad_enabled()
+
+
 class Attention(nn.Module):
     """Projections and SDPA for grouped-query attention; the caller decides where K/V come from."""
 
@@ -218,6 +236,13 @@ class Attention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=mask, is_causal=causal and mask is None, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).flatten(2))               # [B, T, hidden]
+
+
+    def attend_paged(self, q, k, v, past: Paged) -> torch.Tensor:
+        # q: [B, T, H, D]; k, v: [B, N, Hkv, D] of the new rows; cached rows read through past
+        out = cpu_dense.paged_attention(q, k, v, past.k_cache, past.v_cache, past.table, past.lengths, past.vis,
+                                        past.page_size)                  # [B, T, H, D]
+        return self.o_proj(out.flatten(2))                               # [B, T, hidden]
 
 
 class MLP(nn.Module):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .layers import MLP, Attention, Linear, RMSNorm, Rotary, page_rows
+from .layers import MLP, Attention, Linear, Paged, RMSNorm, Rotary, page_rows, paged_applies
 
 
 class DecoderLayer(nn.Module):
@@ -29,11 +29,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask=None, past: tuple | None = None):
         """past: (K, V) [B, S, Hkv, D] of cached rows, seen before the new tokens' own K/V under
-        `mask` [B, 1, T, S+T]. Returns (x, k, v) with k, v [B, T, Hkv, D] of the new tokens."""
+        `mask` [B, 1, T, S+T]; or a `Paged` view of the cache (read in place by the CPU kernel).
+        Returns (x, k, v) with k, v [B, T, Hkv, D] of the new tokens."""
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.project(h, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
-        x = x + self.reduce(self.self_attn.attend(q, keys, values, mask, causal=past is None))
+        if isinstance(past, Paged):
+            attn = self.self_attn.attend_paged(q, k, v, past)
+        else:
+            keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
+            attn = self.self_attn.attend(q, keys, values, mask, causal=past is None)
+        x = x + self.reduce(attn)
         return x + self.reduce(self.mlp(self.post_attention_layernorm(x))), k, v
 
 
@@ -78,6 +83,9 @@ class TargetModel(nn.Module):
         and itself); cols [S] = arange(S), S >= max length: the logical rows read. Returns
         (hidden [B, T, H], features or None, k_new, v_new [L, B, T, Hkv, D])."""
         B, T = input_ids.shape
+        if paged_applies(k_cache):  # the CPU kernel reads the cache in place: no gather, no mask
+            past = [Paged(k_cache[i], v_cache[i], table, lengths, vis, page_size) for i in range(len(self.model.layers))]
+            return self._run(input_ids, positions, feature_layers, None, past)
         seen = (cols[None, :] < lengths[:, None])[:, None, :].expand(B, T, cols.shape[0])  # [B, T, S]
         mask = torch.cat([seen, vis], dim=2)[:, None]                                    # [B, 1, T, S+T]
         rows = page_rows(table, cols, page_size)                                          # [B, S]
