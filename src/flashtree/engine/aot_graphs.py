@@ -6,8 +6,9 @@ that call kept static and every other one a `Dim` (>= 2) — the same buckets dy
 specialisation gives `torch.compile` — compiles it with AOTInductor into a package whose weights
 are *not* in the shared object, loads it and hands it the model's own parameters
 (`load_constants(user_managed=True)`: no second copy). Later calls go straight to the package's C++
-runner: no dynamo frame, no guard evaluation. On this repository's 2-core CPU that is 0.4 ms less
-per one-token target step (1.06 -> 0.67 ms, bit-identical outputs; benchmarks/compiled).
+runner: no dynamo frame, no guard evaluation. On this repository's 2-core CPU that was 0.4 ms less
+per one-token target step than `torch.compile` (1.06 -> 0.67-0.69 ms, bit-identical outputs,
+interleaved in one process).
 
 Packages are cached under $FLASHTREE_CACHE_DIR (default ~/.cache/flashtree)/aoti, one file per
 (graph, bucket) keyed by everything the traced graph depends on: torch's version, the source of the
