@@ -94,7 +94,8 @@ class _Exported(torch.nn.Module):
 
 class _Runner:
     """A loaded package called with positional tensors. (The package's own __call__ parses its
-    input and output tree specs from JSON on every call: ~40 us a step here.)"""
+    input and output tree specs from JSON on every call: ~0.1 ms a call under cProfile here, where
+    the package's own run took ~0.6 ms.)"""
     __slots__ = ("loader", "out_spec")
 
     def __init__(self, package):
