@@ -115,7 +115,7 @@ class AOTGraphs:
 
     def __init__(self, name: str, fn: Callable, parts: dict[str, torch.nn.Module],
                  dims: tuple[tuple[str | None, ...] | None, ...], settings: dict, mins: dict[str, int] | None = None):
-        self.name, self.fn, self.dims = name, fn, dims
+        self.name, self.dims = name, dims
         self.mins = {n: (mins or {}).get(n, 2) for axes in dims if axes for n in axes if n}
         self.module = _Exported(fn, parts)
         self.weights = dict(self.module.named_parameters(remove_duplicate=False))
@@ -151,12 +151,12 @@ class AOTGraphs:
             self._compile(bucket, args, path)
             self.compiled_now += 1
         run = torch._inductor.aoti_load_package(str(path))
-        missing = [f for f in run.get_constant_fqns() if f not in self.weights]
+        wanted = run.get_constant_fqns()
+        missing = [f for f in wanted if f not in self.weights]
         if missing:
             raise RuntimeError(f"{path} wants constants the model does not have ({', '.join(missing[:3])}); "
                                f"delete {cache_dir()} and load again")
-        run.load_constants({f: self.weights[f] for f in run.get_constant_fqns()}, check_full_update=True,
-                           user_managed=True)
+        run.load_constants({f: self.weights[f] for f in wanted}, check_full_update=True, user_managed=True)
         return _Runner(run)
 
     def _compile(self, bucket: frozenset, args, path: Path) -> None:

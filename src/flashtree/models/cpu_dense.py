@@ -1,4 +1,5 @@
-"""The CPU projection kernel (`cpu_dense.cpp`): build it once, pack weights for it, call it.
+"""The CPU kernels: the projection kernel (`cpu_dense.cpp`) and paged attention
+(`cpu_attention.cpp`) — built together once, then packing weights for the first and calling both.
 
 `torch.ops.flashtree.dense(x, weight, packed, bias)` computes `F.linear(x, weight, bias)` for up
 to MAX_ROWS rows with an AVX2/FMA kernel that reads each packed weight once per six rows (MKL's
@@ -8,10 +9,14 @@ sgemm is slow for few rows on the CPUs measured; see the .cpp), and hands more r
 It is built with torch's C++-extension loader the first time a process asks for it on a
 machine (~10 s; later processes load the cached library) — only on x86-64 CPUs with AVX2 and FMA
 and a C++ compiler, and not when `FLASHTREE_CPU_KERNEL=0`. Anything else, or a failed build
-(logged once, with the reason), leaves `available()` False and projections on `F.linear`.
+(logged once, with the reason), leaves `available()` False, projections on `F.linear` and
+attention on SDPA over gathered rows.
 
-This module does not decide which layers use the kernel (`layers.Linear.pack` does, for the
-model runner) and holds no weights.
+`torch.ops.flashtree.paged_attention` (`paged_attention` here) attends new tokens to a
+sequence's cached K/V read in place through its page table (see the .cpp for the rule).
+
+This module does not decide which layers use the kernels (`layers.Linear.pack` and
+`layers.paged_applies` do) and holds no weights.
 """
 from __future__ import annotations
 

@@ -32,11 +32,12 @@ class DrafterLayer(nn.Module):
             kc, vc = self.self_attn.project_kv(ctx, *rope_ctx)
             k, v = torch.cat([kc, k], dim=1), torch.cat([vc, v], dim=1)
         if isinstance(past, Paged):  # the CPU kernel reads the cached rows in place
-            x = x + self.self_attn.attend_paged(q, k, v, past)
-            return x + self.mlp(self.post_attention_layernorm(x)), kc, vc
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
-        x = x + self.self_attn.attend(q, k, v, mask)
+            attn = self.self_attn.attend_paged(q, k, v, past)
+        else:
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+            attn = self.self_attn.attend(q, k, v, mask)
+        x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kc, vc
 
 
