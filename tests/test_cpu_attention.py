@@ -42,6 +42,7 @@ def reference(q, kn, vn, kc, vc, table, lengths, vis, P):
     (2, 9, 12, 8, 2, 128, 8, [33, 1]),      # N > T: the drafter's context + block
     (2, 3, 3, 6, 3, 24, 5, [11, 20]),       # a head size with no compiled-in path
     (1, 17, 17, 2, 2, 32, 16, [600]),
+    (1, 9, 9, 4, 1, 64, 16, [130]),         # fewer (sequence, kv head) pairs than threads: tokens split
 ])
 def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths):
     args = case(B, T, N, H, Hkv, D, P, lengths)
@@ -50,11 +51,12 @@ def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths):
     torch.testing.assert_close(out.double(), reference(*args), rtol=0, atol=2e-6)
 
 
-def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise():
+@pytest.mark.parametrize("Hkv, n", [(2, 37), (2, 150), (1, 150)])  # 150: cached rows in 3 blocks of the kernel
+def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(Hkv, n):
     """A chain of new tokens: token t (seeing the cache and tokens 0..t) gives exactly what a plain
     step gives once tokens 0..t-1 are cached rows — the property greedy speculative == plain needs."""
-    T, H, Hkv, D, P, n = 6, 4, 2, 64, 16, 37
-    q, kn, vn, kc, vc, table, lengths, _, _ = case(1, T, T, H, Hkv, D, P, [n + T], rows_pages=8)
+    T, H, D, P = 6, 4, 64, 16
+    q, kn, vn, kc, vc, table, lengths, _, _ = case(1, T, T, H, Hkv, D, P, [n + T], rows_pages=16)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
     tree = cpu_dense.paged_attention(q, kn, vn, kc, vc, table, torch.tensor([n]), causal, P)
     rows = table[0, (n + torch.arange(T)) // P] * P + (n + torch.arange(T)) % P

@@ -5,8 +5,9 @@
 // builds a [B, T, S+T] mask, concatenates the new rows and hands all of it to SDPA: on the
 // reference 2-core CPU that costs ~1 us per cached row per layer, so a one-token step grew from
 // 1.0 ms at 100 rows of context to 4.7 ms at 1,000 (scripts/measure_forwards.py). Here nothing is
-// copied: for each (sequence, kv head, new token) the scores of its group's query heads against the
-// visible rows are computed straight from the cache, softmaxed, and the values summed.
+// copied: for each (sequence, kv head) the query heads of all its new tokens go through its cached
+// rows together, a block of rows at a time (each K and V block read from memory once for all of
+// them, not once per query), then each query through the new rows it sees; softmax; values summed.
 //
 // Rule, per query head h of kv head g = h / (H / Hkv), query t of sequence b:
 //   keys = cached logical rows c < lengths[b] (physical row table[b, c / P] * P + c % P), then the
@@ -93,49 +94,122 @@ inline void axpy(float w, const float* x, float* y, int64_t d) {  // y += w * x
   for (; i < d; ++i) y[i] += w * x[i];
 }
 
-// One query row against its keys: key i is keys[i] (D floats), value i is vals[i]. Scores go to
-// sbuf [m]; out [D] = softmax(scale * q . k) @ v. DD = D known at compile time (q and the output
-// then live in registers across the keys), or 0 for any D.
+// The sums of four vectors' lanes, as lanes 0..3: for each, ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) —
+// one fixed order per vector, whichever other vectors share the call.
+inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Scores of one query against m keys, for D = DD (q lives in registers): s[i] = scale * q . keys[i],
+// four keys' dot products reduced together by hsum4 (zero vectors fill a last group of 1..3). Every
+// score is the same sequence of operations whatever its key's index, m or the other keys. Returns
+// the largest score (-inf when m = 0).
 template <int DD>
-void attend_one(const float* q, const float* const* keys, const float* const* vals, int64_t m, int64_t D,
-                float scale, float* sbuf, float* out) {
+float scores(const float* q, const float* const* keys, int64_t m, float scale, float* s) {
   constexpr int NV = DD / 8;
-  if (m == 0) {
-    for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-    return;
+  __m256 qv[NV];
+  for (int v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(q + 8 * v);
+  auto partial = [&](const float* k) {  // q . k as 8 lanes still to be summed
+    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
+    for (int v = 2; v < NV; v += 2) {
+      a0 = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), a0);
+      a1 = _mm256_fmadd_ps(qv[v + 1], _mm256_loadu_ps(k + 8 * v + 8), a1);
+    }
+    return _mm256_add_ps(a0, a1);
+  };
+  const __m128 sc4 = _mm_set1_ps(scale);
+  __m128 mx4 = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    const __m128 r = _mm_mul_ps(sc4, hsum4(partial(keys[i]), partial(keys[i + 1]), partial(keys[i + 2]),
+                                           partial(keys[i + 3])));
+    _mm_storeu_ps(s + i, r);
+    mx4 = _mm_max_ps(mx4, r);
   }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, mx4);
+  float mx = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+  if (i < m) {
+    const __m256 z = _mm256_setzero_ps();
+    const int64_t rem = m - i;
+    _mm_store_ps(lanes, _mm_mul_ps(sc4, hsum4(partial(keys[i]), rem > 1 ? partial(keys[i + 1]) : z,
+                                               rem > 2 ? partial(keys[i + 2]) : z, z)));
+    for (int64_t j = 0; j < rem; ++j) mx = std::max(mx, s[i + j] = lanes[j]);
+  }
+  return mx;
+}
+
+// out [DD] += sum_i (w[i] * inv) * vals[i], i ascending (out read once and written once).
+template <int DD>
+void accumulate(const float* w, float inv, const float* const* vals, int64_t m, float* out) {
+  constexpr int NV = DD / 8;
+  __m256 acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = _mm256_loadu_ps(out + 8 * v);
+  for (int64_t i = 0; i < m; ++i) {
+    const __m256 wi = _mm256_set1_ps(w[i] * inv);
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vals[i] + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+
+// Any D: one query row against its m keys (sbuf [m] scratch): out [D] = softmax(scale * q . k) @ v.
+void attend_any(const float* q, const float* const* keys, const float* const* vals, int64_t m, int64_t D,
+                float scale, float* sbuf, float* out) {
+  for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+  if (m == 0) return;
   float mx = -std::numeric_limits<float>::infinity();
-  if constexpr (DD > 0) {
-    __m256 qv[NV];
-    for (int v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(q + 8 * v);
-    for (int64_t i = 0; i < m; ++i) {
-      __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(keys[i])), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(keys[i] + 8));
-      for (int v = 2; v < NV; v += 2) {
-        a0 = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(keys[i] + 8 * v), a0);
-        a1 = _mm256_fmadd_ps(qv[v + 1], _mm256_loadu_ps(keys[i] + 8 * v + 8), a1);
-      }
-      sbuf[i] = scale * hsum(_mm256_add_ps(a0, a1));
-      mx = std::max(mx, sbuf[i]);
-    }
-  } else {
-    for (int64_t i = 0; i < m; ++i) {
-      sbuf[i] = scale * dot(q, keys[i], D);
-      mx = std::max(mx, sbuf[i]);
-    }
+  for (int64_t i = 0; i < m; ++i) {
+    sbuf[i] = scale * dot(q, keys[i], D);
+    mx = std::max(mx, sbuf[i]);
   }
   const float inv = 1.f / exp_shifted(sbuf, m, mx);
-  if constexpr (DD > 0) {
-    __m256 acc[NV];
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < m; ++i) {
-      const __m256 w = _mm256_set1_ps(sbuf[i] * inv);
-      for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vals[i] + 8 * v), acc[v]);
-    }
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
-  } else {
-    for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-    for (int64_t i = 0; i < m; ++i) axpy(sbuf[i] * inv, vals[i], out, D);
+  for (int64_t i = 0; i < m; ++i) axpy(sbuf[i] * inv, vals[i], out, D);
+}
+
+// Keys of one (sequence, kv head): its cached rows in order (shared by all its queries), and per new
+// token t the new rows it sees. The queries of the (b, g) go through the cached rows together, kKB
+// rows at a time, so a block of K (then V) rows is read from memory once for all of them and reused
+// from L1 — not once per query. Per query the order of keys and of every operation on its own
+// numbers is the same as one query alone would get (cached rows ascending, then its new rows).
+constexpr int64_t kKB = 64;
+
+template <int DD>
+void attend_group(const float* Q, int64_t H, int64_t G, int64_t g, int64_t b, int64_t t0, int64_t t1,
+                  const std::vector<const float*>& ck, const std::vector<const float*>& cv,
+                  const std::vector<std::vector<const float*>>& nk, const std::vector<std::vector<const float*>>& nvv,
+                  float scale, std::vector<float>& S, std::vector<float>& mx, float* O, int64_t T) {
+  const int64_t n = static_cast<int64_t>(ck.size()), nq = (t1 - t0) * G;
+  int64_t width = n;
+  for (int64_t t = t0; t < t1; ++t) width = std::max<int64_t>(width, n + static_cast<int64_t>(nk[t].size()));
+  S.resize(nq * width);
+  mx.assign(nq, -std::numeric_limits<float>::infinity());
+  auto qptr = [&](int64_t t, int64_t h) { return Q + ((b * T + t) * H + g * G + h) * DD; };
+  auto optr = [&](int64_t t, int64_t h) { return O + ((b * T + t) * H + g * G + h) * DD; };
+  for (int64_t c0 = 0; c0 < n; c0 += kKB) {  // scores against the cached rows, block by block
+    const int64_t c1 = std::min(n, c0 + kKB);
+    for (int64_t t = t0, r = 0; t < t1; ++t)
+      for (int64_t h = 0; h < G; ++h, ++r)
+        mx[r] = std::max(mx[r], scores<DD>(qptr(t, h), ck.data() + c0, c1 - c0, scale, S.data() + r * width + c0));
   }
+  std::vector<float> inv(nq);
+  for (int64_t t = t0, r = 0; t < t1; ++t)  // then each query's new rows; softmax weights
+    for (int64_t h = 0; h < G; ++h, ++r) {
+      float* s = S.data() + r * width;
+      const int64_t m = n + static_cast<int64_t>(nk[t].size());
+      mx[r] = std::max(mx[r], scores<DD>(qptr(t, h), nk[t].data(), m - n, scale, s + n));
+      inv[r] = m ? 1.f / exp_shifted(s, m, mx[r]) : 0.f;
+      std::fill(optr(t, h), optr(t, h) + DD, 0.f);
+    }
+  for (int64_t c0 = 0; c0 < n; c0 += kKB) {  // values of the cached rows, block by block
+    const int64_t c1 = std::min(n, c0 + kKB);
+    for (int64_t t = t0, r = 0; t < t1; ++t)
+      for (int64_t h = 0; h < G; ++h, ++r)
+        accumulate<DD>(S.data() + r * width + c0, inv[r], cv.data() + c0, c1 - c0, optr(t, h));
+  }
+  for (int64_t t = t0, r = 0; t < t1; ++t)  // then each query's new rows
+    for (int64_t h = 0; h < G; ++h, ++r)
+      accumulate<DD>(S.data() + r * width + n, inv[r], nvv[t].data(), static_cast<int64_t>(nvv[t].size()), optr(t, h));
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
@@ -171,36 +245,52 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(LN[b] >= 0 && LN[b] <= pages * page_size, "paged_attention: a length exceeds its page table");
 
-  // one item = (b, g, t): the G query heads of kv head g for new token t of sequence b. Per query
-  // the keys, their order and every operation on them are the same whatever else the call holds
-  // (a tree node == the plain step at its position: its ancestors are then cached rows, in order).
-  at::parallel_for(0, B * Hkv * T, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> sbuf;
-    std::vector<const float*> keys, vals;
+  // One item = (b, g, a range of new tokens): the G query heads of kv head g for those tokens of
+  // sequence b. Each (b, g) is one item unless there are fewer (b, g) than threads: then its tokens
+  // are split so every thread has work. Per query the keys, their order and every operation on them
+  // are the same whatever else the call holds (a tree node == the plain step at its position: its
+  // ancestors are then cached rows, in order).
+  const int64_t groups = B * Hkv, threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t split = std::min<int64_t>(T, (threads + groups - 1) / groups), per = (T + split - 1) / split;
+  at::parallel_for(0, groups * split, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> sbuf, mxs;
+    std::vector<const float*> ck, cv;
+    std::vector<std::vector<const float*>> nk(T), nvv(T);
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item % T, g = (item / T) % Hkv, b = item / (T * Hkv), n = LN[b];
-      keys.clear(), vals.clear();
+      const int64_t bg = item / split, g = bg % Hkv, b = bg / Hkv, n = LN[b];
+      const int64_t t0 = (item % split) * per, t1 = std::min(T, t0 + per);
+      if (t0 >= t1) continue;
+      ck.clear(), cv.clear();
       for (int64_t c0 = 0; c0 < n; c0 += page_size) {  // cached rows, page by page
         const int64_t row0 = TB[b * pages + c0 / page_size] * page_size, cnt = std::min(page_size, n - c0);
         TORCH_CHECK(row0 >= 0 && row0 + cnt <= rows, "paged_attention: a page table entry is outside the cache");
         for (int64_t r = row0; r < row0 + cnt; ++r) {
-          keys.push_back(KC + (r * Hkv + g) * D);
-          vals.push_back(VC + (r * Hkv + g) * D);
+          ck.push_back(KC + (r * Hkv + g) * D);
+          cv.push_back(VC + (r * Hkv + g) * D);
         }
       }
-      for (int64_t j = 0; j < N; ++j) {  // then the new rows it sees
-        if (!VS[(b * T + t) * N + j]) continue;
-        keys.push_back(KN + ((b * N + j) * Hkv + g) * D);
-        vals.push_back(VN + ((b * N + j) * Hkv + g) * D);
+      for (int64_t t = t0; t < t1; ++t) {  // the new rows each token sees
+        nk[t].clear(), nvv[t].clear();
+        for (int64_t j = 0; j < N; ++j) {
+          if (!VS[(b * T + t) * N + j]) continue;
+          nk[t].push_back(KN + ((b * N + j) * Hkv + g) * D);
+          nvv[t].push_back(VN + ((b * N + j) * Hkv + g) * D);
+        }
       }
-      const int64_t m = static_cast<int64_t>(keys.size());
-      sbuf.resize(m);
-      for (int64_t h = 0; h < G; ++h) {
-        const float* qh = Q + ((b * T + t) * H + g * G + h) * D;
-        float* oh = O + ((b * T + t) * H + g * G + h) * D;
-        if (D == 64) attend_one<64>(qh, keys.data(), vals.data(), m, D, sc, sbuf.data(), oh);
-        else if (D == 128) attend_one<128>(qh, keys.data(), vals.data(), m, D, sc, sbuf.data(), oh);
-        else attend_one<0>(qh, keys.data(), vals.data(), m, D, sc, sbuf.data(), oh);
+      if (D == 64) {
+        attend_group<64>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+      } else if (D == 128) {
+        attend_group<128>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+      } else {
+        std::vector<const float*> keys, vals;
+        for (int64_t t = t0; t < t1; ++t) {
+          keys.assign(ck.begin(), ck.end()), vals.assign(cv.begin(), cv.end());
+          keys.insert(keys.end(), nk[t].begin(), nk[t].end()), vals.insert(vals.end(), nvv[t].begin(), nvv[t].end());
+          sbuf.resize(keys.size());
+          for (int64_t h = 0; h < G; ++h)
+            attend_any(Q + ((b * T + t) * H + g * G + h) * D, keys.data(), vals.data(),
+                       static_cast<int64_t>(keys.size()), D, sc, sbuf.data(), O + ((b * T + t) * H + g * G + h) * D);
+        }
       }
     }
   });
