@@ -217,11 +217,11 @@ def test_tree_size_of_a_capped_tree():
 
 def _wrong_bonus(tokens, parents, depths, valid, draws, vis):
     """A broken verifier: whenever a draft was verified, the bonus repeats the root token."""
-    import torch
+    import numpy as np
 
     from flashtree.speculative.verify import verify_tree
     out = verify_tree(tokens, parents, depths, valid, draws, vis)
-    out.bonus = torch.where(valid[:, 1:].any(1), tokens[:, 0], out.bonus)
+    out.bonus = np.where(valid[:, 1:].any(1), tokens[:, 0], out.bonus)
     return out
 
 

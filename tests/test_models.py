@@ -202,7 +202,7 @@ def test_batched_trees_with_padding_match_single_sequences(pair):
             run(cache, s, p, 0)
         vin = pack_trees(trees, [len(p) for p in prompts], "cpu")
         T = vin.tokens.shape[1]
-        logits, _ = cache.run_target(vin.tokens, vin.positions, [0, 1], vin.lengths, vin.vis, torch.arange(2 * T))
+        logits, _ = cache.run_target(vin.ids, vin.positions, [0, 1], vin.lengths, vin.mask, torch.arange(2 * T))
         logits = logits.view(2, T, -1)
         for s, (p, t) in enumerate(zip(prompts, trees)):
             single_cache = new_cache(ours)

@@ -2,7 +2,6 @@
 import itertools
 
 import numpy as np
-import torch
 from hypothesis import given, settings, strategies as st
 
 from flashtree.speculative.tree import DraftTree, build_ddtree, chain_tree
@@ -76,12 +75,12 @@ def test_ties_break_to_the_lexicographically_smaller_rank_tuple():
 
 def test_verify_walk_follows_matching_children_and_stops_at_first_miss():
     # tree: 0 -> 1 (tok 5), 0 -> 2 (tok 6), 1 -> 3 (tok 7), 3 -> 4 (tok 8)
-    tokens = torch.tensor([[4, 5, 6, 7, 8]])
-    parents = torch.tensor([[0, 0, 0, 1, 3]])
-    depths = torch.tensor([[0, 1, 1, 2, 3]])
-    valid = torch.ones(1, 5, dtype=torch.bool)
-    draws = torch.tensor([[5, 7, 0, 9, 0]])   # root drew 5 -> node 1; node 1 drew 7 -> node 3; node 3 drew 9: miss
-    vis = torch.from_numpy(DraftTree([4, 5, 6, 7, 8], [-1, 0, 0, 1, 3], [0, 1, 1, 2, 3], [0.0] * 5).visibility())
+    tokens = np.array([[4, 5, 6, 7, 8]])
+    parents = np.array([[0, 0, 0, 1, 3]])
+    depths = np.array([[0, 1, 1, 2, 3]])
+    valid = np.ones((1, 5), dtype=bool)
+    draws = np.array([[5, 7, 0, 9, 0]])   # root drew 5 -> node 1; node 1 drew 7 -> node 3; node 3 drew 9: miss
+    vis = DraftTree([4, 5, 6, 7, 8], [-1, 0, 0, 1, 3], [0, 1, 1, 2, 3], [0.0] * 5).visibility()
     out = verify_tree(tokens, parents, depths, valid, draws, vis[None])
     assert out.accepted[0].tolist() == [True, True, False, True, False]
     assert out.last.item() == 3 and out.bonus.item() == 9
@@ -115,7 +114,7 @@ def test_verify_walk_matches_a_host_walk_on_random_trees():
             draws_rows.append(draws)
         vin = pack_trees(trees, [5, 6, 7], "cpu")
         T = vin.tokens.shape[1]
-        draws_t = torch.tensor([d + [0] * (T - len(d)) for d in draws_rows])
+        draws_t = np.array([d + [0] * (T - len(d)) for d in draws_rows])
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, draws_t, vin.vis)
         for b, (path, bonus) in enumerate(walks):
             assert [i for i, ok in enumerate(out.accepted[b].tolist()) if ok] == path

@@ -272,7 +272,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     def forward_call(n: int):
         batch = seqs(Config("ar"))
         vin = pack_trees([chain_tree(0, [0] * (n - 1)) for _ in batch], [context] * len(batch), eng.device)
-        return lambda: eng.runner.run_target(vin.tokens, vin.positions, slots, vin.lengths, vin.vis, vin.nodes)
+        return lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths, vin.mask, vin.nodes)
 
     def draft_call(cfg: Config, feats):
         batch = seqs(cfg)

@@ -264,10 +264,10 @@ def wrong_temperature(engine: Engine, factor: float = 1.1) -> None:
 def greedy_walk_sampled_bonus(engine: Engine) -> None:
     """Walk the tree with argmax draws but sample the bonus: lossy at T > 0."""
     def _verify(batch, vin, logits):
-        sampled = engine._draws(batch, vin, logits)
+        sampled = engine._draws(batch, vin, logits)                             # [B, T] on the host
         greedy = vin.scatter(logits.argmax(-1))
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.vis)
-        out.bonus = sampled.gather(1, out.last[:, None]).squeeze(1)
+        out.bonus = sampled[np.arange(len(batch)), out.last]
         return out
     engine._verify = _verify
 

@@ -95,15 +95,19 @@ class _Exported(torch.nn.Module):
 class _Runner:
     """A loaded package called with positional tensors. (The package's own __call__ parses its
     input and output tree specs from JSON on every call: ~0.1 ms a call under cProfile here, where
-    the package's own run took ~0.6 ms.)"""
+    the package's own run took ~0.6 ms.) A flat tuple of outputs is returned as one, without
+    unflattening a spec."""
     __slots__ = ("loader", "out_spec")
 
     def __init__(self, package):
         self.loader = package.loader
-        self.out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+        spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+        flat = spec.type is tuple and all(c.is_leaf() for c in spec.children())
+        self.out_spec = None if flat else spec
 
     def __call__(self, *args):
-        return pytree.tree_unflatten(self.loader.boxed_run(list(args)), self.out_spec)
+        out = self.loader.boxed_run(list(args))
+        return tuple(out) if self.out_spec is None else pytree.tree_unflatten(out, self.out_spec)
 
 
 class AOTGraphs:

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import UserError
@@ -501,8 +502,8 @@ class Engine:
                    self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput):
-        logits, feats = self.runner.run_target(vin.tokens, vin.positions, [s.slot for s in batch], vin.lengths,
-                                               vin.vis, vin.nodes)          # logits [R, V]: valid nodes only
+        logits, feats = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
+                                               vin.mask, vin.nodes)         # logits [R, V]: valid nodes only
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)
         return logits, feats
@@ -530,8 +531,11 @@ class Engine:
               for s, (lo, hi), deep in zip(seqs, spans, deepest)]
         return sample(probs, spans, us)
 
-    def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> torch.Tensor:
-        """[B, T] the target's draw at every node of the packed trees."""
+    def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
+        """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
+        copy of its verify results)."""
+        if all(s.uniforms is None for s in batch):  # all greedy: the pipeline is the argmax
+            return vin.scatter(logits.argmax(-1))
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
@@ -539,14 +543,13 @@ class Engine:
 
     def _commit(self, batch, out: RoundOutput) -> None:
         trees, vout, feats = out.trees, out.vout, out.feats
-        accepted = vout.accepted.cpu().tolist()                                   # host sync 2 of 2
-        bonus = vout.bonus.cpu().tolist()
+        accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
             self.consecutive_failures = 0
-            path = [i for i, ok in enumerate(accepted[b]) if ok]  # node order == depth order on a path
+            path = np.flatnonzero(accepted[b]).tolist()  # node order == depth order on a path
             for j, i in enumerate(path):
                 slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
             self.proposers[s.method].on_commit(s, trees[b], path, feats[b, path] if feats is not None else None)

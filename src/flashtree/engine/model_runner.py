@@ -99,6 +99,7 @@ class ModelRunner:
         self.feature_layers = tuple(feature_layers or ())
         self.channel = None  # tensor parallel, rank 0: where each forward's inputs go (distributed/tp.py)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
+        self._arange = torch.arange(rows, device=self.device)  # cols of every forward are a prefix of it
         self.compiled = resolve_compile(compile, self.device)
         self.warm = False  # every bucket traced (warmup): inputs no longer need dynamic marks
         # the forwards by mode: False = eager, True = compiled (only when built compiled)
@@ -173,7 +174,7 @@ class ModelRunner:
         if self.channel is not None:  # tensor parallel: the other ranks run the same forward on their shards
             from ..distributed.tp import TARGET
             self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
-        cols = torch.arange(_at_least_2(int(start.max())), device=self.device)
+        cols = self._cols(_at_least_2(int(start.max())))
         logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)
         return logits[:R], feats
 
@@ -204,12 +205,18 @@ class ModelRunner:
             ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
         start = past_len.cpu().numpy()
         S = _at_least_2(int(start.max()))
-        cols = torch.arange(S, device=self.device)
+        cols = self._cols(S)
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
                             (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
         logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
         self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
+
+    def _cols(self, n: int) -> torch.Tensor:
+        """arange(n) on the device (a view of one kept buffer: an arange per forward costs more)."""
+        if self._arange.shape[0] < n:
+            self._arange = torch.arange(max(n, 2 * self._arange.shape[0]), device=self.device)
+        return self._arange[:n]
 
     def _table(self, slots: list[int], rows: int) -> torch.Tensor:
         """The page table of `slots` covering logical rows < rows: [B, >= 2] (null page past theirs)."""

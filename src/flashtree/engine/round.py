@@ -1,8 +1,9 @@
 """The data passed between the phases of a round, and packing trees into one target forward.
 
 draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
-`VerifyInput` (flat padded tensors + ancestor visibility) -> target forward -> `VerifyOutput`
-(`speculative/verify.py`) -> commit. Nothing here runs a model.
+`VerifyInput` (flat padded arrays + ancestor visibility, on the host for the walk and on the device
+for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`) -> commit. Nothing
+here runs a model.
 """
 from __future__ import annotations
 
@@ -22,21 +23,26 @@ class DraftOutput:
 
 @dataclass(slots=True)
 class VerifyInput:
-    tokens: torch.Tensor     # [B, T] node tokens (root first), pad 0
-    parents: torch.Tensor    # [B, T] parent index (root and pad: 0)
-    depths: torch.Tensor     # [B, T]
-    valid: torch.Tensor      # [B, T] bool
+    """Packed trees: host arrays for the walk (`speculative/verify.py`), device tensors for the
+    target forward."""
+    tokens: np.ndarray       # [B, T] node tokens (root first), pad 0
+    parents: np.ndarray      # [B, T] parent index (root and pad: 0)
+    depths: np.ndarray       # [B, T]
+    valid: np.ndarray        # [B, T] bool
+    vis: np.ndarray          # [B, T, T] bool: node t sees node j (ancestors and itself)
+    flat: np.ndarray         # [R] flat indices (b * T + t) of the valid nodes, sequence-major
+    ids: torch.Tensor        # [B, T] `tokens` on the device
     positions: torch.Tensor  # [B, T] RoPE position = length + depth (cache row = length + node index)
     lengths: torch.Tensor    # [B] committed rows each sequence's nodes see
-    vis: torch.Tensor        # [B, T, T] bool: node t sees node j (ancestors and itself)
-    nodes: torch.Tensor      # [R] flat indices (b * T + t) of the valid nodes, sequence-major
+    mask: torch.Tensor       # [B, T, T] `vis` on the device
+    nodes: torch.Tensor      # [R] `flat` on the device
     sizes: list[int]         # nodes per sequence (root included)
     deepest: list[int]       # each sequence's largest node depth
 
     @property
     def row_depths(self) -> torch.Tensor:
-        """[R] the depth of each valid node, in row (sequence-major) order."""
-        return self.depths.flatten()[self.nodes]
+        """[R] the depth of each valid node, in row (sequence-major) order, on the device."""
+        return torch.from_numpy(self.depths.reshape(-1)[self.flat]).to(self.positions.device)
 
     @property
     def spans(self) -> list[tuple[int, int]]:
@@ -44,9 +50,11 @@ class VerifyInput:
         ends = np.cumsum(self.sizes).tolist()
         return [(e - n, e) for e, n in zip(ends, self.sizes)]
 
-    def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-valid-node values [R] -> padded [B, T] (no host sync)."""
-        return torch.zeros_like(self.tokens).flatten().index_copy(0, self.nodes, values).view_as(self.tokens)
+    def scatter(self, values: torch.Tensor) -> np.ndarray:
+        """Per-valid-node values [R] (device) -> padded [B, T] on the host (one copy)."""
+        out = np.zeros(self.tokens.shape, dtype=np.int64)
+        out.reshape(-1)[self.flat] = values.cpu().numpy()
+        return out
 
 
 def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
@@ -64,10 +72,11 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
         depths[b, :n] = t.depths
         valid[b, :n] = True
         vis[b, :n, :n] = t.visibility()
-    length = torch.tensor(lengths, dtype=torch.long, device=device)
-    depths_t = torch.from_numpy(depths).to(device)
-    return VerifyInput(tokens=torch.from_numpy(tokens).to(device), parents=torch.from_numpy(parents).to(device),
-                       depths=depths_t, valid=torch.from_numpy(valid).to(device),
-                       positions=length[:, None] + depths_t, lengths=length, vis=torch.from_numpy(vis).to(device),
-                       nodes=torch.from_numpy(np.flatnonzero(valid)).to(device),
+    flat = np.flatnonzero(valid)
+    positions = np.asarray(lengths, dtype=np.int64)[:, None] + depths
+    dev = torch.device(device)
+    return VerifyInput(tokens=tokens, parents=parents, depths=depths, valid=valid, vis=vis, flat=flat,
+                       ids=torch.from_numpy(tokens).to(dev), positions=torch.from_numpy(positions).to(dev),
+                       lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
+                       mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])

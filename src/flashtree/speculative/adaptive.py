@@ -544,7 +544,7 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
                 for T in widths:
                     vin = pack_trees([chain_tree(0, [0] * (T - 1)) for _ in range(B)], [ctx] * B, engine.device)
                     run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731
-                        vin.tokens, vin.positions, slots[:B], vin.lengths, vin.vis, vin.nodes)
+                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes)
                     costs.record_verify(B, T, timed(run))
                     if T == widths[-1] and B == batches[-1]:
                         feats = run()[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..engine.round import DraftOutput
@@ -80,27 +81,32 @@ class DFlashDrafts:
         dev, B = eng.device, len(seqs)
         K = max(s.block_size for s in seqs)
         pend = [self.pending[s].joined() if s in self.pending else None for s in seqs]
-        n_ctx = [p.shape[0] if p is not None else 0 for p in pend]
-        C = max(n_ctx)
-        F = eng.drafter.fc.in_features
-        ctx = torch.zeros(B, C, F, dtype=eng.dtype, device=dev)
-        for b, p in enumerate(pend):
-            if n_ctx[b]:
-                ctx[b, :n_ctx[b]] = p
-        lengths = torch.tensor([s.length for s in seqs], device=dev)
-        ctx_len = torch.tensor(n_ctx, device=dev)
-        past = lengths - ctx_len                                             # rows already in the drafter cache
-        ctx_pos = past[:, None] + torch.arange(C, device=dev)                # [B, C]
-        block = torch.full((B, K), self.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = torch.tensor([s.bonus for s in seqs], device=dev)
-        block_pos = lengths[:, None] + torch.arange(K, device=dev)          # [B, K]
-        block_len = torch.tensor([s.block_size for s in seqs], device=dev)
+        n_ctx = np.array([p.shape[0] if p is not None else 0 for p in pend])
+        C, F = int(n_ctx.max()), eng.drafter.fc.in_features
+        if B == 1 and C:
+            ctx = pend[0][None]                                              # [1, C, F] as it is
+        else:
+            ctx = torch.zeros(B, C, F, dtype=eng.dtype, device=dev)
+            for b, p in enumerate(pend):
+                if n_ctx[b]:
+                    ctx[b, :n_ctx[b]] = p
+        lengths = np.array([s.length for s in seqs])
+        past_np = lengths - n_ctx                                            # rows already in the drafter cache
+        block_np = np.full((B, K), self.mask_token_id, dtype=np.int64)
+        block_np[:, 0] = [s.bonus for s in seqs]
+
+        def tensor(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev)
+        past, ctx_len = tensor(past_np), tensor(n_ctx)
+        ctx_pos = tensor(past_np[:, None] + np.arange(C))                    # [B, C]
+        block, block_pos = tensor(block_np), tensor(lengths[:, None] + np.arange(K))   # [B, K]
+        block_len = tensor(np.array([s.block_size for s in seqs]))
         logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, [s.slot for s in seqs], past, ctx_len,
                                           block_len)                         # [B, K-1, V]
         k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = logprobs.topk(k, dim=-1)
-        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()           # host sync 1 of 2
-        for s, n in zip(seqs, n_ctx):
+        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
+        for s, n in zip(seqs, n_ctx.tolist()):
             self.fed[s] = n
         return {s: DraftOutput(top_lp[b, :s.block_size - 1], top_ids[b, :s.block_size - 1])
                 for b, s in enumerate(seqs)}

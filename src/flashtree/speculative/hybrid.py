@@ -81,6 +81,7 @@ class Hybrid(DDTree):
         c = engine.config
         check_ngram(c.max_ngram, c.min_ngram, 1, 1)
         self.rate: dict = {}   # seq -> [hits, trials] of its n-gram nodes
+        self.copies: dict = {}  # seq -> its n-gram chain of this round (what on_commit calibrates on)
 
     def configure(self, block_size, budget, topk, options) -> dict:
         from ..engine.engine import RequestError
@@ -99,7 +100,7 @@ class Hybrid(DDTree):
     def draft(self, seqs, depths) -> list:
         drafts = []
         for s, d, depth in zip(seqs, self.engine.drafts.take(seqs), depths):
-            copy = self._copy(s, depth)
+            copy = self.copies[s] = self._copy(s, depth)
             drafts.append((d, copy) if d is not None or copy else None)
         return drafts
 
@@ -113,16 +114,17 @@ class Hybrid(DDTree):
         return build_hybrid(seq.bonus, d.logprobs[:depth, :k], d.ids[:depth, :k], copy[:depth], seq.budget, logp)
 
     def on_commit(self, seq, tree, path, feats) -> None:
-        """Calibrate: walk the round's n-gram branch (recomputed from the tokens committed before
-        this round, which `seq` still holds) and count its trials and hits on the accepted path."""
+        """Calibrate: walk the round's n-gram branch (the chain `draft` copied from the tokens
+        committed before this round) and count its trials and hits on the accepted path."""
         super().on_commit(seq, tree, path, feats)
+        copy = self.copies.pop(seq, [])
         if tree.size == 1:
             return
         children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if i}
         on_path = set(path)
         hits, trials = self.rate.get(seq, (0, 0))
         node = 0
-        for tok in self._copy(seq, max(tree.depths)):
+        for tok in copy:  # (past the tree's depth the walk stops: no such child)
             node = children.get((node, tok))
             if node is None:
                 break
@@ -135,3 +137,4 @@ class Hybrid(DDTree):
     def release(self, seq) -> None:
         super().release(seq)
         self.rate.pop(seq, None)
+        self.copies.pop(seq, None)

@@ -1,38 +1,42 @@
-"""Verification: one rule for chains and trees, as a pure tensor function.
+"""Verification: one rule for chains and trees, as a pure function of host arrays.
 
 Rule (target-only, lossless for any draft that does not depend on the verify draws): at every
 node the target draws y_i from the sampling pipeline applied to that node's logits (argmax when
 greedy). Walk from the root: if a child of the current node carries the current node's draw,
 move to it; otherwise stop — the draw becomes the bonus token. Siblings are distinct, so the
 accepted nodes form one root-to-node path. Draft probabilities never enter the rule.
+
+The walk runs on the host (numpy): the trees were built there, and the draws come over once per
+round (`VerifyInput.scatter`) — a few microseconds of array work instead of a dozen device ops on
+tensors of a few dozen elements.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 
 @dataclass(slots=True)
 class VerifyOutput:
-    accepted: torch.Tensor   # [B, T] bool: node is on the accepted path (root always)
-    last: torch.Tensor       # [B] index of the deepest accepted node
-    bonus: torch.Tensor      # [B] the target's draw at `last`: the next root
+    accepted: np.ndarray   # [B, T] bool: node is on the accepted path (root always)
+    last: np.ndarray       # [B] index of the deepest accepted node
+    bonus: np.ndarray      # [B] the target's draw at `last`: the next root
 
 
-def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                valid: torch.Tensor, draws: torch.Tensor, vis: torch.Tensor) -> VerifyOutput:
+def verify_tree(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
+                valid: np.ndarray, draws: np.ndarray, vis: np.ndarray) -> VerifyOutput:
     """tokens, parents, depths, valid, draws: [B, T] (node 0 = root; parents[:, 0] = 0;
     padding nodes have valid = False). draws[b, i] = the target's token drawn at node i.
     vis [B, T, T] bool: vis[b, i, j] when node j is node i or one of its ancestors. A fixed
-    number of tensor ops, whatever the depth: no loop, no host sync."""
-    is_root = torch.zeros_like(valid)
+    number of array ops, whatever the depth: no loop over nodes."""
+    is_root = np.zeros_like(valid)
     is_root[:, 0] = True
     # a node matches when its token equals its parent's draw
-    match = valid & (tokens == draws.gather(1, parents)) & ~is_root        # [B, T]
+    match = valid & (tokens == np.take_along_axis(draws, parents, 1)) & ~is_root   # [B, T]
     ok = match | is_root
     # accepted = valid and every node on its root path (itself included) matched
-    accepted = valid & ~(vis & ~ok[:, None, :]).any(dim=-1)                # [B, T]
-    last = torch.where(accepted, depths, -1).argmax(dim=1)                 # [B]
-    bonus = draws.gather(1, last[:, None]).squeeze(1)
+    accepted = valid & ~(vis & ~ok[:, None, :]).any(axis=-1)                          # [B, T]
+    last = np.where(accepted, depths, -1).argmax(axis=1)                               # [B]
+    bonus = draws[np.arange(draws.shape[0]), last]
     return VerifyOutput(accepted, last, bonus)
