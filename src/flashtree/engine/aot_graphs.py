@@ -125,6 +125,10 @@ class AOTGraphs:
         self.weights = dict(self.module.named_parameters(remove_duplicate=False))
         self.weights.update(self.module.named_buffers(remove_duplicate=False))
         self._named = [(i, a, n) for i, axes in enumerate(dims) if axes for a, n in enumerate(axes) if n]
+        first = {}
+        for i, a, n in self._named:  # equal names are equal sizes: one axis per name tells its bucket
+            first.setdefault(n, (i, a, n, self.mins[n]))
+        self._probe = tuple(first.values())
         self._key = json.dumps(  # fixed now: a later change to anything it names cannot move a package
             {"graph": name, "format": FORMAT, "torch": torch.__version__, "source": _source_digest(), "isa": _vec_isa(),
              "settings": settings, "inductor": _INDUCTOR, "dims": dims, "mins": self.mins,
@@ -135,7 +139,7 @@ class AOTGraphs:
 
     def bucket(self, args) -> frozenset:
         """The named sizes that are static (below their minimum) in this call, with their values."""
-        return frozenset((n, args[i].shape[a]) for i, a, n in self._named if args[i].shape[a] < self.mins[n])
+        return frozenset((n, args[i].shape[a]) for i, a, n, least in self._probe if args[i].shape[a] < least)
 
     def __call__(self, *args):
         args = tuple(a.contiguous() for a in args)

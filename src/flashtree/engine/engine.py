@@ -22,7 +22,7 @@ import torch
 from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
-from ..sampling import FilterPlan, Uniforms, logits_to_probs, sample
+from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
@@ -514,7 +514,7 @@ class Engine:
         the u of output position len(output_ids) + depths[r] (depths [R] on the device;
         deepest[i]: seqs[i]'s largest), so a token's draw never depends on the round's shape."""
         if all(s.uniforms is None for s in seqs):
-            return logits.argmax(-1)  # all greedy: the pipeline is the argmax
+            return argmax_rows(logits)  # all greedy: the pipeline is the argmax
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
         def per_row(values, dtype):
@@ -535,7 +535,7 @@ class Engine:
         """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
         copy of its verify results)."""
         if all(s.uniforms is None for s in batch):  # all greedy: the pipeline is the argmax
-            return vin.scatter(logits.argmax(-1))
+            return vin.scatter(argmax_rows(logits))
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:

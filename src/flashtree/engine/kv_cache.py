@@ -24,10 +24,11 @@ class KVCache:
 
     def write(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Every layer's new rows at once. rows [B, T] physical; k, v [L, B, T, Hkv, D]."""
-        self.k[:, rows] = k
-        self.v[:, rows] = v
+        idx = rows.reshape(-1)
+        self.k.index_copy_(1, idx, k.flatten(1, 2))  # (an index_copy_ costs half a setitem's index_put here)
+        self.v.index_copy_(1, idx, v.flatten(1, 2))
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy physical rows src -> dst [M] in every layer (a round's accepted nodes)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        self.k.index_copy_(1, dst, self.k.index_select(1, src))  # all of src read before any dst written
+        self.v.index_copy_(1, dst, self.v.index_select(1, src))

@@ -1,5 +1,6 @@
-"""The CPU kernels: the projection kernel (`cpu_dense.cpp`) and paged attention
-(`cpu_attention.cpp`) — built together once, then packing weights for the first and calling both.
+"""The CPU kernels: the projection kernel (`cpu_dense.cpp`), paged attention (`cpu_attention.cpp`)
+and a small top-k (`cpu_topk.cpp`) — built together once, then packing weights for the first and
+calling them.
 
 `torch.ops.flashtree.dense(x, weight, packed, bias)` computes `F.linear(x, weight, bias)` for up
 to MAX_ROWS rows with an AVX2/FMA kernel that reads each packed weight once per six rows (MKL's
@@ -14,6 +15,7 @@ attention on SDPA over gathered rows.
 
 `torch.ops.flashtree.paged_attention` (`paged_attention` here) attends new tokens to a
 sequence's cached K/V read in place through its page table (see the .cpp for the rule).
+`topk` here takes the k largest of each row (the drafter's top-k per depth) in one pass.
 
 This module does not decide which layers use the kernels (`layers.Linear.pack` and
 `layers.paged_applies` do) and holds no weights.
@@ -34,7 +36,8 @@ log = logging.getLogger("flashtree.models")
 
 MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
-_SOURCES = [str(Path(__file__).with_name(f)) for f in ("cpu_dense.cpp", "cpu_attention.cpp")]
+TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
+_SOURCES = [str(Path(__file__).with_name(f)) for f in ("cpu_dense.cpp", "cpu_attention.cpp", "cpu_topk.cpp")]
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -113,6 +116,14 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page
     float32, call only when `available()`) -> [B, T, H, D]."""
     return torch.ops.flashtree.paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size,
                                                q.shape[-1] ** -0.5)
+
+
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k, dim=-1) — values descending, equal values by lower index — for a float32 CPU
+    tensor with at most TOPK_MAX per row through the kernel when it is built, else torch.topk."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and k <= TOPK_MAX and available():
+        return torch.ops.flashtree.topk(x, k)
+    return x.topk(k, dim=-1)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

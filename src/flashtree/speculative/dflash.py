@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..engine.round import DraftOutput
+from ..models import cpu_dense
 from .proposer import Proposer
 from .tree import DraftTree, chain_tree
 
@@ -104,7 +105,7 @@ class DFlashDrafts:
         logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, [s.slot for s in seqs], past, ctx_len,
                                           block_len)                         # [B, K-1, V]
         k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
-        top_lp, top_ids = logprobs.topk(k, dim=-1)
+        top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
         top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
         for s, n in zip(seqs, n_ctx.tolist()):
             self.fed[s] = n

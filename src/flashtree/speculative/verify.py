@@ -33,10 +33,11 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
     is_root = np.zeros_like(valid)
     is_root[:, 0] = True
     # a node matches when its token equals its parent's draw
-    match = valid & (tokens == np.take_along_axis(draws, parents, 1)) & ~is_root   # [B, T]
+    rows = np.arange(draws.shape[0])[:, None]
+    match = valid & (tokens == draws[rows, parents]) & ~is_root                      # [B, T]
     ok = match | is_root
     # accepted = valid and every node on its root path (itself included) matched
     accepted = valid & ~(vis & ~ok[:, None, :]).any(axis=-1)                          # [B, T]
     last = np.where(accepted, depths, -1).argmax(axis=1)                               # [B]
-    bonus = draws[np.arange(draws.shape[0]), last]
+    bonus = draws[rows[:, 0], last]
     return VerifyOutput(accepted, last, bonus)
