@@ -534,8 +534,6 @@ class Engine:
     def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
         """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
         copy of its verify results)."""
-        if all(s.uniforms is None for s in batch):  # all greedy: the pipeline is the argmax
-            return vin.scatter(argmax_rows(logits))
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
@@ -553,7 +551,7 @@ class Engine:
             path = nodes.tolist()
             for j, i in enumerate(path):
                 slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            self.proposers[s.method].on_commit(  # (index_select: indexing by a list costs ~10x here)
+            self.proposers[s.method].on_commit(  # (index_select: indexing by a list costs ~2x here)
                 s, trees[b], path, feats[b].index_select(0, torch.from_numpy(nodes).to(feats.device))
                 if feats is not None else None)
             tau = len(path)

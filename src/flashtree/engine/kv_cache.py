@@ -25,7 +25,7 @@ class KVCache:
     def write(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Every layer's new rows at once. rows [B, T] physical; k, v [L, B, T, Hkv, D]."""
         idx = rows.reshape(-1)
-        self.k.index_copy_(1, idx, k.flatten(1, 2))  # (an index_copy_ costs half a setitem's index_put here)
+        self.k.index_copy_(1, idx, k.flatten(1, 2))  # (23 vs 32 us for a setitem's index_put here)
         self.v.index_copy_(1, idx, v.flatten(1, 2))
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:

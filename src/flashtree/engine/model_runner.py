@@ -213,9 +213,8 @@ class ModelRunner:
         return logprobs
 
     def _cols(self, n: int) -> torch.Tensor:
-        """arange(n) on the device (a view of one kept buffer: an arange per forward costs more)."""
-        if self._arange.shape[0] < n:
-            self._arange = torch.arange(max(n, 2 * self._arange.shape[0]), device=self.device)
+        """arange(n) on the device, n <= the cache's rows (a view of one kept buffer: an arange per
+        forward costs more)."""
         return self._arange[:n]
 
     def _table(self, slots: list[int], rows: int) -> torch.Tensor:

@@ -119,8 +119,8 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x.topk(k, dim=-1) — values descending, equal values by lower index — for a float32 CPU
-    tensor with at most TOPK_MAX per row through the kernel when it is built, else torch.topk."""
+    """x.topk(k, dim=-1) — values descending, equal values by lower index: through the kernel for
+    a float32 CPU tensor and k <= TOPK_MAX when it is built, else torch.topk."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and k <= TOPK_MAX and available():
         return torch.ops.flashtree.topk(x, k)
     return x.topk(k, dim=-1)

@@ -3,8 +3,8 @@
 // than k selectable values pads with -inf at index -1).
 //
 // Why: each drafter round takes the top few (k <= ~16) of 4,096 log-probs for 7 positions, and
-// torch.topk on the CPU costs ~60 us for that at any k on the reference 2-core CPU (per-row sort
-// machinery and a parallel region); the selection itself is one pass over 28 K floats.
+// torch.topk on the CPU costs ~68 us for that at any k on the reference 2-core CPU (per-row sort
+// machinery and a parallel region; this kernel ~19 us); the selection is one pass over 28 K floats.
 //
 // How: one pass per row keeping a sorted buffer of k; 8 values at a time are compared with the
 // buffer's last (AVX2) and only those above it are inserted. Rows are split across threads only
