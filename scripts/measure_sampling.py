@@ -1,47 +1,58 @@
-"""Cost of the sampling pipeline and the sampler per call, for R rows of a V-token vocabulary.
+"""Cost of one sampled draw per call, for R rows of a V-token vocabulary: the tensor pipeline
+(`logits_to_probs` + `sample`, what CUDA runs), its numpy form (`sample_numpy`, the CPU without the
+kernels) and the CPU kernel (`sample_host`, what the CPU engine runs).
 
     .venv/bin/python scripts/measure_sampling.py [--vocab 4096] [--threads 1]
 
-Prints milliseconds (median of 5 × 20 calls) for `logits_to_probs` with filters off, top-k only
-and top-p (which sorts the vocabulary), and for `sample`, at R = 1, 8, 72 (72 = eight ddtree@8 verifies).
+Prints microseconds (median of 5 × 20 calls, the three forms alternating) with the filters off,
+top-k 50, and top-p 0.95 at T=0.7, at R = 1, 9, 72 (9: a ddtree@8 verify; 72: eight of them).
+Random logits (randn × 3) have far flatter nuclei than a trained model's, so top-p costs more here
+than on the bundled target's own logits.
 """
 import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 
-from flashtree.sampling import FilterPlan, Uniforms, logits_to_probs, sample
+from flashtree.models import cpu_dense
+from flashtree.sampling import FilterPlan, logits_to_probs, sample, sample_host, sample_numpy
 
 p = argparse.ArgumentParser()
 p.add_argument("--vocab", type=int, default=4096)
 p.add_argument("--threads", type=int, default=1)
 a = p.parse_args()
 torch.set_num_threads(a.threads)
+kernel = cpu_dense.available()
 
 
-def ms(fn, calls: int = 20, repeats: int = 5) -> float:
-    fn()
-    times = []
+def us(fns, calls: int = 20, repeats: int = 5) -> list[float]:
+    """Median µs per call of each of fns, alternating them."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1000)
-    return statistics.median(times)
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[i].append((time.perf_counter() - t0) / calls * 1e6)
+    return [statistics.median(t) for t in times]
 
 
 V = a.vocab
-print(f"{'rows':>4}  {'off':>7}  {'top-k 50':>8}  {'top-p 0.9':>9}  {'sample':>7}   (ms per call, V={V})")
-for R in (1, 8, 72):
+print(f"V={V}, {torch.get_num_threads()} thread(s); µs per call; kernel {'built' if kernel else 'not built'}")
+print(f"{'rows':>4}  {'filters':>10}  {'torch':>8}  {'numpy':>8}  {'kernel':>8}")
+torch.manual_seed(0)
+for R in (1, 9, 72):
     logits = torch.randn(R, V) * 3
-    T, zeros_k, ones_p, zeros_m = torch.ones(R), torch.zeros(R, dtype=torch.long), torch.ones(R), torch.zeros(R)
-    k50, p09 = torch.full((R,), 50), torch.full((R,), 0.9)
-    plan = lambda k, p: FilterPlan.of(T.tolist(), k.tolist(), p.tolist(), zeros_m.tolist(), V)  # noqa: E731
-    off = ms(lambda: logits_to_probs(logits, T, zeros_k, ones_p, zeros_m, plan(zeros_k, ones_p)))
-    topk = ms(lambda: logits_to_probs(logits, T, k50, ones_p, zeros_m, plan(k50, ones_p)))
-    topp = ms(lambda: logits_to_probs(logits, T, zeros_k, p09, zeros_m, plan(zeros_k, p09)))
-    probs = logits_to_probs(logits, T, zeros_k, ones_p, zeros_m)
-    us = Uniforms(0).at(torch.arange(R), R)
-    draw = ms(lambda: sample(probs, [(0, R)], [us]))
-    print(f"{R:>4}  {off:7.2f}  {topk:8.2f}  {topp:9.2f}  {draw:7.2f}")
+    u = torch.rand(R, dtype=torch.float64)
+    for name, (t, k, pp) in {"off": (1.0, 0, 1.0), "top-k 50": (1.0, 50, 1.0), "top-p 0.95": (0.7, 0, 0.95)}.items():
+        T, K, P, M = torch.full((R,), t), torch.full((R,), k), torch.full((R,), pp), torch.zeros(R)
+        plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), V)
+        host = (logits.numpy(), T.numpy(), K.numpy(), P.numpy(), M.numpy(), u.numpy(), plan)
+        fns = [lambda: sample(logits_to_probs(logits, T, K, P, M, plan), [(0, R)], [u]),
+               lambda: sample_numpy(*host)] + ([lambda: sample_host(*host)] if kernel else [])
+        got = us(fns)
+        print(f"{R:>4}  {name:>10}  " + "  ".join(f"{x:8.0f}" for x in got))

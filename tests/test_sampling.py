@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import PREFIX, FilterPlan, Uniforms, cuts_numpy, cuts_torch, logits_to_probs, sample
+from flashtree.sampling import (CDF_BLOCK, FilterPlan, Uniforms, cuts_numpy, cuts_torch, inverse_cdf, logits_to_probs,
+                               sample, sample_host, sample_numpy)
+from flashtree.models import cpu_dense
 from flashtree.sampling_params import SamplingParams
 
 
@@ -80,14 +82,15 @@ def nucleus_size(logits: torch.Tensor, T: float, p: float) -> int:
 
 
 @pytest.mark.parametrize("T, p", [(0.5, 0.9), (3.0, 0.95)])
-def test_a_full_vocabulary_matches_the_reference_inside_and_past_the_prefix(T, p):
-    """At 4,096 tokens the host path first looks at the PREFIX largest logits; a nucleus longer
-    than that (the flat rows at T=3) must fall back to the whole row, not cut inside the prefix."""
+def test_a_full_vocabulary_matches_the_reference_for_short_and_long_nuclei(T, p):
+    """At 4,096 tokens the host path sorts only the candidates for the nucleus (the tokens holding
+    at least (1 - top_p) / V of the mass): peaked rows (T=0.5) with a few of them, flat rows (T=3)
+    with thousands."""
     torch.manual_seed(2)
     V, R = 4096, 6
     logits = torch.randn(R, V) * 3
     sizes = [nucleus_size(row, T, p) for row in logits]
-    assert all(n < PREFIX for n in sizes) if T < 1 else all(n > PREFIX for n in sizes), sizes
+    assert all(n < 256 for n in sizes) if T < 1 else all(n > 256 for n in sizes), sizes
     k = torch.tensor([0, 0, 0, 100, 600, 0])
     m = torch.tensor([0.0, 0.0, 0.01, 0.0, 0.0, 0.2])
     got = logits_to_probs(logits, torch.full((R,), T), k, torch.full((R,), p), m).double().numpy()
@@ -158,6 +161,72 @@ def test_greedy_and_sampled_requests_share_one_call():
     assert torch.equal(draws[2:5], alone)                     # a request's draws depend on its seed only
 
 
+def host_draw(logits: torch.Tensor, settings: list[tuple], u: torch.Tensor, fn=sample_host) -> torch.Tensor:
+    T, K, P, M = (np.asarray(c) for c in zip(*settings))
+    plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), logits.shape[-1])
+    return torch.from_numpy(fn(logits.numpy(), T.astype(np.float32), K.astype(np.int64), P.astype(np.float32),
+                               M.astype(np.float32), u.numpy(), plan))
+
+
+HOST_SAMPLERS = [pytest.param(sample_numpy, id="numpy"), pytest.param(sample_host, id="kernel", marks=pytest.mark.skipif(
+    not cpu_dense.available(), reason=f"the CPU kernels are not built here: {cpu_dense.why_unavailable()}"))]
+
+
+@pytest.mark.parametrize("fn", HOST_SAMPLERS)
+@pytest.mark.parametrize("V", [50, 4096, 1000])   # kernel: V % 8 != 0 (50, 1000 = 15 blocks + 40); numpy: 1 block, 16, padded
+def test_the_host_sampler_draws_the_tensor_pipelines_tokens(V, fn):
+    """The CPU engine's sampler (its kernel, and numpy where there is none) and the tensor pipeline
+    (CUDA's) give the same token for the same u, every filter combination, with -inf logits,
+    greedy rows beside sampled ones."""
+    torch.manual_seed(4)
+    settings = SETTINGS * 8
+    R = len(settings)
+    logits = torch.randn(R, V) * torch.linspace(0.5, 5, R).unsqueeze(-1)
+    logits[::5, : V // 3] = float("-inf")
+    u = torch.rand(R, dtype=torch.float64)
+    T, K, P, M = (torch.tensor(c) for c in zip(*settings))
+    probs = logits_to_probs(logits, T.float(), K.long(), P.float(), M.float())
+    expected = sample(probs, [(r, r + 1) for r in range(R)], [None if t == 0 else u[r:r + 1] for r, t in enumerate(T)])
+    got = host_draw(logits, settings, u, fn)
+    assert torch.equal(got, expected), (got != expected).nonzero().flatten()[:5]
+    assert (probs.gather(-1, got.unsqueeze(-1)) > 0).all()
+
+
+@pytest.mark.parametrize("fn", HOST_SAMPLERS)
+def test_the_host_sampler_draws_from_the_distribution(fn):
+    """Chi-square of host draws against the pipeline's probabilities (T=0.8, top-p 0.9, min-p),
+    and a negative control: the same draws against the unfiltered distribution fail."""
+    from scipy.stats import chisquare
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.2, -1.0, 0.9, -3.0, 1.2]])
+    n = 40000
+    setting = (0.8, 0, 0.9, 0.05)
+    probs = logits_to_probs(logits, *(torch.tensor([c]) for c in setting))[0].double().numpy()
+    draws = host_draw(logits.expand(n, -1).contiguous(), [setting] * n, torch.rand(n, dtype=torch.float64), fn)
+    counts = np.bincount(draws.numpy(), minlength=8)
+    live = probs > 0
+    assert (counts[~live] == 0).all() and (~live).any()
+    assert chisquare(counts[live], probs[live] / probs[live].sum() * n).pvalue > 1e-3
+    plain = torch.softmax(logits[0].double() / 0.8, -1).numpy()
+    assert chisquare(counts, plain / plain.sum() * n).pvalue < 1e-6
+
+
+def test_the_blocked_inverse_cdf_edges():
+    """u = 0 takes the first token with mass; u just below 1 the last; rows without valid mass
+    draw V; and where rounding leaves a block's own running sum short of the target (1 + 255
+    tiny masses: summed pairwise they count, one by one onto 1.0 they vanish) it takes the block's
+    last token with mass, never a zero."""
+    V = 3 * CDF_BLOCK + 5
+    row = np.zeros(V, np.float32)
+    row[[7, CDF_BLOCK + 3, V - 2]] = [0.2, 0.5, 0.3]
+    probs = np.stack([row, row, np.full(V, np.nan, np.float32), np.zeros(V, np.float32), np.full(V, np.inf, np.float32)])
+    got = inverse_cdf(probs, np.array([0.0, 1 - 1e-16, 0.5, 0.5, 0.5]))
+    assert got.tolist() == [7, V - 2, V, V, V]
+    tiny = np.full(CDF_BLOCK, 1e-17, np.float32)
+    tiny[0], tiny[100] = 1.0, 0.0
+    tiny[-1] = 0.0
+    assert inverse_cdf(tiny[None], np.array([1 - 1e-15])).tolist() == [CDF_BLOCK - 2]
+
+
 def uniform(seed: int, n: int) -> torch.Tensor:
     return Uniforms(seed).at(torch.arange(n), n)
 
@@ -172,6 +241,8 @@ def test_uniforms_depend_on_the_seed_and_position_only():
     assert early.dtype == torch.float64 and bool(((early >= 0) & (early < 1)).all())
     assert not torch.equal(early, Uniforms(6).at(torch.arange(10), 10))
     assert len(set(a.at(torch.arange(200), 200).tolist())) == 200   # fresh values at every position
+    host = Uniforms(5)
+    assert host.at_host(np.array([130, 3, 64]), 131).tolist() == late.tolist()   # the host reads the same stream
 
 
 @pytest.mark.parametrize("kw, field", [
@@ -183,3 +254,19 @@ def test_uniforms_depend_on_the_seed_and_position_only():
 def test_invalid_sampling_params_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("fn", HOST_SAMPLERS)
+def test_rows_without_valid_mass_draw_the_sentinel_and_greedy_rows_the_first_maximum(fn):
+    """A NaN or +inf logit, or nothing but -inf, in a sampled row: V (the engine fails that
+    request); greedy rows beside them: numpy's argmax (the first maximum)."""
+    V = 37
+    logits = torch.randn(6, V)
+    logits[0, 5] = float("nan")
+    logits[1, 9] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, [4, 20]] = 50.0                  # a greedy row with a tie: the first
+    logits[5, : V - 1] = float("-inf")         # one finite logit: always that token
+    settings = [(1.0, 0, 1.0, 0.0)] * 3 + [(0.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.1), (1.3, 0, 0.5, 0.0)]
+    got = host_draw(logits, settings, torch.rand(6, dtype=torch.float64), fn)
+    assert got[:4].tolist() == [V, V, V, 4] and 0 <= got[4] < V and got[5] == V - 1

@@ -17,9 +17,15 @@ probabilities is that of their exponentiated logits, whatever the renormalisatio
 filters need only each row's values in descending order (no indices, no scatter), and a token is
 kept when its logit reaches the row's cut; tokens tied with the cut are all kept (as transformers'
 top-k). Full-width work is float arithmetic only: on this CPU a bool compare or `where` over a
-[8, 4096] block costs 45-110 µs against 7 µs for a subtraction. On the CPU the cuts are computed
-in numpy (a 4,096-token row sorts in ~15 µs against 0.21 ms for `torch.sort`, which also computes
-indices; and a numpy call costs ~1 µs of dispatch against torch's 3-10).
+[8, 4096] block costs 45-110 µs against 7 µs for a subtraction.
+
+Two forms of the same rule: the tensor pipeline (`logits_to_probs` + `sample`; CUDA runs it, and
+the exactness checks take their reference distribution from it) and the host one
+(`sample_host`), which the engine runs on the CPU: one call of the CPU kernel
+(`models/cpu_sample.cpp`) where it is built, else `sample_numpy`. A torch op costs 3-10 µs of
+dispatch here and the tensor pipeline is ~60 of them (0.4-0.7 ms to draw one row); the kernel
+draws a row of the bundled target's logits in ~25 µs. Both forms give the same token for the
+same u (tested on every filter combination); they differ only in float rounding.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .models import cpu_dense
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,15 +123,14 @@ def cuts_torch(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_
     return cut.clamp(min=torch.finfo(scaled.dtype).min)   # a -inf logit then gets 0, not NaN
 
 
-PREFIX = 256  # cuts_numpy's first try for top-p without top-k (90 % of T=0.7 top-p 0.95 nuclei fit)
-
-
 def cuts_numpy(scaled: np.ndarray, top: np.ndarray, mass: np.ndarray, top_k: np.ndarray,
                top_p: np.ndarray, min_p: np.ndarray, width: int) -> np.ndarray:
     """`cuts` on host arrays, the same rule row by row -> [R, 1] (a Python loop: a numpy call on a
     small array costs a few µs here, a Python float op ~0.1). Top-p over the whole vocabulary
-    first looks at the PREFIX largest logits and sorts the whole row only when its nucleus does
-    not end inside them."""
+    sorts only the candidates, the tokens whose probability reaches (1 - top_p) / V of the mass:
+    the others hold less than 1 - top_p of it together, so the nucleus (a descending prefix whose
+    mass reaches top_p) ends among the candidates; the whole row is sorted only when rounding
+    leaves the candidates' mass short of it."""
     R, V = scaled.shape
     out = np.empty((R, 1), dtype=scaled.dtype)
     lowest = float(np.finfo(scaled.dtype).min)
@@ -132,15 +139,21 @@ def cuts_numpy(scaled: np.ndarray, top: np.ndarray, mass: np.ndarray, top_k: np.
         k = k if 0 < k < V else V                                              # V: no top-k
         cut = t + math.log(min_p[r]) if min_p[r] > 0 else -math.inf
         if width and (k < V or p < 1):
-            w = k if k < V else min(PREFIX, V)
+            z = float(mass[r, 0])
+            if k < V:
+                s = largest(scaled[r], k)                                      # [k] descending
+            else:                                                              # the candidates, descending
+                row = scaled[r]
+                s = -np.sort(-row[row >= t + math.log((1 - p) * z / V)]) if z > 0 else row[:0]
             while True:
-                s = largest(scaled[r], w)                                      # [w] descending
+                w = len(s)
                 e = np.exp((s - t).astype(np.float64)).cumsum()               # [w] float64
-                z = float(e[k - 1]) if k < V else float(mass[r, 0])
+                if k < V:
+                    z = float(e[k - 1])                                        # top-p acts inside the top-k
                 n = k if p >= 1 else min(int(np.searchsorted(e[:w - 1], p * z)) + 1, k)  # #{e < p z} + 1
-                if n < w or w == V or k < V:
+                if w == V or k < V or (w and (n < w or e[-1] >= p * z)):
                     break
-                w = V                                                          # the nucleus reaches past w
+                s = largest(scaled[r], V)                                      # rounding (or a NaN row): all
             cut = max(cut, float(s[n - 1]))
         out[r, 0] = lowest if cut < lowest else cut                            # NaN stays NaN
     return out
@@ -183,11 +196,19 @@ class Uniforms:
     def at(self, index: torch.Tensor, end: int) -> torch.Tensor:
         """u at the output positions `index` [R] (long, on the generator's device) -> [R] float64;
         `end` > every index (known on the host: no device sync)."""
+        self._extend(end)
+        return self.values[index]
+
+    def at_host(self, index: np.ndarray, end: int) -> np.ndarray:
+        """`at` for a CPU generator, with host arrays (index [R] int) -> [R] float64."""
+        self._extend(end)
+        return self.values.numpy()[index]
+
+    def _extend(self, end: int) -> None:
         while self.values.numel() < end:
             block = torch.rand(self.BLOCK, generator=self.generator, dtype=torch.float64,
                                device=self.values.device)
             self.values = torch.cat([self.values, block])
-        return self.values[index]
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -225,3 +246,79 @@ def sample(probs: torch.Tensor, spans: list[tuple[int, int]], uniforms: list[tor
     drawn = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)      # [R]
     drawn = torch.where(torch.isfinite(total) & (total > 0), drawn, probs.shape[-1])    # sentinel V
     return torch.where(greedy_rows, probs.argmax(-1), drawn)
+
+
+def sample_host(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                min_p: np.ndarray, u: np.ndarray, plan: FilterPlan) -> np.ndarray:
+    """`sample(logits_to_probs(...))` on host arrays, for logits on the CPU: logits [R, V] float32,
+    per-row temperature/top_p/min_p [R] float32, top_k [R] int64, u [R] float64 (read on sampled
+    rows only) -> [R] int64 tokens, V where a sampled row has no valid mass. Through the CPU
+    kernel (`models/cpu_sample.cpp`, one call) when it is built, else `sample_numpy`."""
+    if cpu_dense.available():
+        return cpu_dense.sample_rows(logits, temperature, top_k, top_p, min_p, u)
+    return sample_numpy(logits, temperature, top_k, top_p, min_p, u, plan)
+
+
+def sample_numpy(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                 min_p: np.ndarray, u: np.ndarray, plan: FilterPlan) -> np.ndarray:
+    """`sample_host` in numpy: p = exp(logits / T - max) unnormalised, zero below the row's cut
+    (`cuts_numpy`), then `inverse_cdf`. The normalisations are left out (they scale a row by a
+    constant, which the draw does not see). Torch's version is ~60 small ops at 3-10 µs of
+    dispatch each on this CPU; numpy's calls cost ~1-5 µs each."""
+    R, V = logits.shape
+    out = np.empty(R, dtype=np.int64)
+    greedy = temperature == 0
+    if plan.any_greedy:
+        out[greedy] = logits[greedy].argmax(-1)
+    rows = np.flatnonzero(~greedy)
+    if not len(rows):
+        return out
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        x = logits if len(rows) == R else logits[rows]
+        scaled = x / temperature[rows, None]                                   # [S, V] float32
+        top = scaled.max(-1, keepdims=True)                                    # [S, 1]
+        probs = np.exp(scaled - top)                                           # [S, V] unnormalised
+        if plan.sort_width or plan.any_min_p:
+            mass = probs.sum(-1, keepdims=True)
+            cut = cuts_numpy(scaled, top, mass, top_k[rows], top_p[rows], min_p[rows], plan.sort_width)
+            probs *= scaled >= cut                                             # keep logits reaching the cut
+        out[rows] = inverse_cdf(probs, u[rows])
+    return out
+
+
+CDF_BLOCK = 256  # inverse_cdf's block: numpy's cumsum is a scalar loop (24 µs for 4,096 floats here)
+
+
+def inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """probs [S, V] float32 (>= 0, unnormalised), u [S] float64 in [0, 1) -> [S] int64: the first
+    token whose cumulative mass exceeds u * total, V for a row without valid mass (NaN, inf or
+    all zero) -- an exact draw from probs that never picks a zero-probability token.
+
+    Two levels, in float64: the sums of blocks of CDF_BLOCK tokens and their running total pick
+    the block where the cumulative mass passes u * total; a cumulative sum inside that block picks
+    the token. (Should rounding leave the block's own running sum short of the target, its last
+    token with mass is taken: a block is only ever picked when it holds mass.)"""
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a row without valid mass
+        return _inverse_cdf(probs, u)
+
+
+def _inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    S, V = probs.shape
+    nb = -(-V // CDF_BLOCK)
+    if nb * CDF_BLOCK != V:
+        probs = np.concatenate([probs, np.zeros((S, nb * CDF_BLOCK - V), probs.dtype)], -1)
+    blocks = probs.reshape(S, nb, CDF_BLOCK)
+    sums = blocks.sum(-1, dtype=np.float64)                                    # [S, nb]
+    ends = sums.cumsum(-1)                                                     # [S, nb] mass through each block
+    total = ends[:, -1]
+    target = np.minimum(u * total, np.nextafter(total, 0))                     # < total
+    valid = np.isfinite(total) & (total > 0)
+    b = np.minimum((ends <= target[:, None]).sum(-1), nb - 1)                  # [S] the first block past it
+    r = np.arange(S)
+    inside = blocks[r, b]                                                      # [S, CDF_BLOCK]
+    cum = inside.cumsum(-1, dtype=np.float64) + (ends[r, b] - sums[r, b])[:, None]
+    j = (cum <= target[:, None]).sum(-1)                                       # [S] first token past it
+    short = j == CDF_BLOCK
+    if short.any():                                                            # rounding: its last token with mass
+        j[short] = CDF_BLOCK - 1 - np.argmax(inside[short, ::-1] > 0, -1)
+    return np.where(valid, b * CDF_BLOCK + j, V)

@@ -22,7 +22,7 @@ import torch
 from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
-from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample
+from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
@@ -515,15 +515,27 @@ class Engine:
         deepest[i]: seqs[i]'s largest), so a token's draw never depends on the round's shape."""
         if all(s.uniforms is None for s in seqs):
             return argmax_rows(logits)  # all greedy: the pipeline is the argmax
+        ps = [s.params for s in seqs]
+        temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                                         [p.min_p for p in ps])
+        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
+        if logits.device.type == "cpu":  # the same rule on host arrays, in one kernel call where it is built
+            reps = [hi - lo for lo, hi in spans]
+            rows = np.asarray(depths)
+            u = np.zeros(len(rows))
+            for s, (lo, hi), deep in zip(seqs, spans, deepest):
+                if s.uniforms is not None:
+                    u[lo:hi] = s.uniforms.at_host(len(s.output_ids) + rows[lo:hi], len(s.output_ids) + deep + 1)
+            per_row = (lambda v, dt: np.full(reps[0], v[0], dt)) if len(seqs) == 1 else \
+                      (lambda v, dt: np.repeat(np.asarray(v, dt), reps))
+            return torch.from_numpy(sample_host(
+                logits.float().numpy(), per_row(temps, np.float32), per_row(top_ks, np.int64),
+                per_row(top_ps, np.float32), per_row(min_ps, np.float32), u, plan))
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
         def per_row(values, dtype):
             return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
 
-        ps = [s.params for s in seqs]
-        temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                                         [p.min_p for p in ps])
-        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
         probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
                                 per_row(top_ps, torch.float32), per_row(min_ps, torch.float32), plan)
         us = [None if s.uniforms is None else

@@ -1,6 +1,6 @@
-"""The CPU kernels: the projection kernel (`cpu_dense.cpp`), paged attention (`cpu_attention.cpp`)
-and a small top-k (`cpu_topk.cpp`) — built together once, then packing weights for the first and
-calling them.
+"""The CPU kernels: the projection kernel (`cpu_dense.cpp`), paged attention (`cpu_attention.cpp`),
+a small top-k (`cpu_topk.cpp`) and the sampler's filters and draw (`cpu_sample.cpp`) — built
+together once, then packing weights for the first and calling them.
 
 `torch.ops.flashtree.dense(x, weight, packed, bias)` computes `F.linear(x, weight, bias)` for up
 to MAX_ROWS rows with an AVX2/FMA kernel that reads each packed weight once per six rows (MKL's
@@ -15,7 +15,8 @@ attention on SDPA over gathered rows.
 
 `torch.ops.flashtree.paged_attention` (`paged_attention` here) attends new tokens to a
 sequence's cached K/V read in place through its page table (see the .cpp for the rule).
-`topk` here takes the k largest of each row (the drafter's top-k per depth) in one pass.
+`topk` here takes the k largest of each row (the drafter's top-k per depth) in one pass;
+`sample_rows` cuts and draws sampled rows (`sampling.sample_host` calls it).
 
 This module does not decide which layers use the kernels (`layers.Linear.pack` and
 `layers.paged_applies` do) and holds no weights.
@@ -30,6 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 log = logging.getLogger("flashtree.models")
@@ -37,7 +39,8 @@ log = logging.getLogger("flashtree.models")
 MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
 TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
-_SOURCES = [str(Path(__file__).with_name(f)) for f in ("cpu_dense.cpp", "cpu_attention.cpp", "cpu_topk.cpp")]
+_SOURCES = [str(Path(__file__).with_name(f))
+            for f in ("cpu_dense.cpp", "cpu_attention.cpp", "cpu_topk.cpp", "cpu_sample.cpp")]
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -124,6 +127,15 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type == "cpu" and x.dtype == torch.float32 and k <= TOPK_MAX and available():
         return torch.ops.flashtree.topk(x, k)
     return x.topk(k, dim=-1)
+
+
+def sample_rows(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """One token per row of logits [S, V] float32 with per-row temperature, top_p, min_p [S]
+    float32, top_k [S] int64 and u [S] float64 -> [S] int64 (V: no valid mass), by
+    `cpu_sample.cpp` (call only when `available()`): `sampling.sample_numpy`'s rule."""
+    t = torch.from_numpy
+    return torch.ops.flashtree.sample_rows(t(logits), t(temperature), t(top_k), t(top_p), t(min_p), t(u)).numpy()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
