@@ -270,3 +270,20 @@ def test_rows_without_valid_mass_draw_the_sentinel_and_greedy_rows_the_first_max
     settings = [(1.0, 0, 1.0, 0.0)] * 3 + [(0.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.1), (1.3, 0, 0.5, 0.0)]
     got = host_draw(logits, settings, torch.rand(6, dtype=torch.float64), fn)
     assert got[:4].tolist() == [V, V, V, 4] and 0 <= got[4] < V and got[5] == V - 1
+
+
+@pytest.mark.parametrize("fn", HOST_SAMPLERS)
+def test_large_and_small_top_k_with_top_p_draw_the_tensor_pipelines_tokens(fn):
+    """Top-k up to 64 takes the k largest in one pass (the kernel's sorted walk), larger k a
+    selection; both with and without top-p inside them, with ties at the k-th logit."""
+    torch.manual_seed(5)
+    V, settings = 4096, [(t, k, p, 0.0) for t in (0.6, 1.5) for k in (3, 64, 65, 300, 4095) for p in (1.0, 0.9, 0.5)]
+    settings = settings * 6
+    R = len(settings)
+    logits = (torch.randn(R, V) * 3).round(decimals=1)   # many equal logits: ties at every cut
+    u = torch.rand(R, dtype=torch.float64)
+    T, K, P, M = (torch.tensor(c) for c in zip(*settings))
+    probs = logits_to_probs(logits, T.float(), K.long(), P.float(), M.float())
+    expected = sample(probs, [(r, r + 1) for r in range(R)], [u[r:r + 1] for r in range(R)])
+    got = host_draw(logits, settings, u, fn)
+    assert torch.equal(got, expected), (got != expected).nonzero().flatten()[:5]

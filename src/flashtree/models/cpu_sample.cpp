@@ -31,6 +31,8 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
+#include "cpu_topk.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,6 +41,7 @@
 namespace {
 
 constexpr int64_t kBlock = 64;
+constexpr int64_t kSortedTopk = 64;  // top-k up to this takes the k largest in one pass (cpu_topk.cpp's)
 
 // exp(x) on 8 lanes (Cephes expf): 2^n e^r with n = round(x log2 e), r = x - n ln 2 (in two parts).
 inline __m256 exp8(__m256 x) {
@@ -149,7 +152,24 @@ float row_cut(const float* s, const float* p, int64_t V, float top, int64_t k, f
   const bool topk = k > 0 && k < V;
   if (topk || top_p < 1) {
     float c;
-    if (topk) {
+    if (topk && k <= kSortedTopk) {  // the k largest, sorted: top-p walks them in order
+      float bv[kSortedTopk];
+      int64_t bi[kSortedTopk];
+      flashtree_kernels::topk_row(s, V, k, bv, bi);
+      c = bv[k - 1];
+      if (top_p < 1) {
+        double z = 0.0;
+        for (int64_t j = 0; j < k; ++j) z += p[bi[j]];
+        double e = 0.0;  // the sorted prefix's mass: the cut is where it first reaches top_p z
+        for (int64_t j = 0; j < k; ++j) {
+          e += p[bi[j]];
+          if (e >= double(top_p) * z) {
+            c = bv[j];
+            break;
+          }
+        }
+      }
+    } else if (topk) {
       items.resize(V);
       for (int64_t i = 0; i < V; ++i) items[i] = {s[i], p[i]};
       std::nth_element(items.begin(), items.begin() + (k - 1), items.end(),

@@ -15,6 +15,8 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
+#include "cpu_topk.h"
+
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -34,6 +36,10 @@ inline void insert(float* bv, int64_t* bi, int64_t& n, int64_t k, float v, int64
   if (n < k) ++n;
 }
 
+}  // namespace
+
+namespace flashtree_kernels {
+
 void topk_row(const float* x, int64_t V, int64_t k, float* bv, int64_t* bi) {
   int64_t n = 0, i = 0;
   for (; i < V && n < k; ++i)  // fill the buffer (NaN skipped)
@@ -51,6 +57,12 @@ void topk_row(const float* x, int64_t V, int64_t k, float* bv, int64_t* bi) {
     if (x[i] > bv[k - 1] || (n < k && !std::isnan(x[i]))) insert(bv, bi, n, k, x[i], i);
   for (; n < k; ++n) bv[n] = -std::numeric_limits<float>::infinity(), bi[n] = -1;
 }
+
+}  // namespace flashtree_kernels
+
+namespace {
+
+using flashtree_kernels::topk_row;
 
 std::tuple<at::Tensor, at::Tensor> topk(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1,
