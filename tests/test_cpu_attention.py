@@ -51,6 +51,19 @@ def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths):
     torch.testing.assert_close(out.double(), reference(*args), rtol=0, atol=2e-6)
 
 
+def test_scores_far_below_the_maximum_get_no_weight_not_a_nan():
+    """Scores 88-90 below a row's maximum are where exp's exponent bits run out (2^-127, 2^-128):
+    they must weigh 0, not -inf or NaN. Keys scaled so one dominates by hundreds."""
+    q, kn, vn, kc, vc, table, lengths, vis, P = case(1, 2, 2, 2, 1, 64, 16, [40], seed=3)
+    q = q / q.norm(dim=-1, keepdim=True) * 8.0                # |q| = 8: a score is 8 |k| cos / sqrt(64) = |k| cos
+    kc = kc * torch.linspace(0.01, 1, kc.shape[0])[:, None, None] * 45   # scores spread over ~[-90, 90]
+    args = (q, kn, vn, kc, vc, table, lengths, vis, P)
+    out = cpu_dense.paged_attention(*args)
+    assert torch.isfinite(out).all()
+    # float32 scores near 90 carry ~5e-6 of rounding into their weights
+    torch.testing.assert_close(out.double(), reference(*args), rtol=0, atol=2e-5)
+
+
 @pytest.mark.parametrize("Hkv, n", [(2, 37), (2, 150), (1, 150)])  # 150: cached rows in 3 blocks of the kernel
 def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(Hkv, n):
     """A chain of new tokens: token t (seeing the cache and tokens 0..t) gives exactly what a plain

@@ -23,6 +23,8 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
+#include "cpu_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -53,24 +55,7 @@ inline float dot(const float* a, const float* b, int64_t d) {  // four independe
   return s;
 }
 
-// exp on 8 lanes: n = round(x / ln 2), r = x - n ln 2 (in two parts), exp(r) by Cephes' degree-6
-// polynomial, times 2^n through the exponent bits (relative error ~1e-7; x clamped to +-88.38)
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+using flashtree_kernels::exp8;  // cpu_kernels.h
 
 // x[i] = exp(x[i] - mx) for i < m; returns their sum
 inline float exp_shifted(float* x, int64_t m, float mx) {

@@ -24,6 +24,7 @@ This module does not decide which layers use the kernels (`layers.Linear.pack` a
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -41,6 +42,7 @@ PANEL = 16      # output columns per packed panel (kW in the .cpp)
 TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
 _SOURCES = [str(Path(__file__).with_name(f))
             for f in ("cpu_dense.cpp", "cpu_attention.cpp", "cpu_topk.cpp", "cpu_sample.cpp")]
+_HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -80,8 +82,12 @@ def _load() -> str | None:
             from torch.utils.cpp_extension import load
             _ninja_on_path()
             t0 = time.perf_counter()
+            # torch rebuilds when the sources or the flags change; the header's hash in the
+            # flags makes an edit of the header alone rebuild too
+            header = hashlib.sha1(_HEADER.read_bytes()).hexdigest()[:12]
             load(name="flashtree_cpu_kernels", sources=_SOURCES, is_python_module=False,
-                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
+                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
+                 verbose=False)
             torch.library.register_fake("flashtree::dense")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)

@@ -20,8 +20,8 @@
 // reached at its end is the block's end exactly: the token is always found, and a token without
 // mass never is (the running sum does not move on it).
 //
-// exp is Cephes' single-precision polynomial on 8 lanes (within ~2 ulp of libm's; below -87.3,
-// where float32's normal range ends, it is 0: such a token's probability is < 1e-38 of the top's).
+// exp is cpu_kernels.h's exp8 (Cephes' polynomial on 8 lanes, relative error ~1e-7; 0 below -87.3,
+// where float32's normal range ends: such a token's probability is < 1e-38 of the top's).
 //
 // Why: numpy calls cost ~1-5 us each on the reference 2-core CPU and the pipeline took ~25 of
 // them (50-200 us a row); torch's was ~60 ops (0.4-0.7 ms a row).
@@ -31,7 +31,7 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
-#include "cpu_topk.h"
+#include "cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -43,25 +43,7 @@ namespace {
 constexpr int64_t kBlock = 64;
 constexpr int64_t kSortedTopk = 64;  // top-k up to this takes the k largest in one pass (cpu_topk.cpp's)
 
-// exp(x) on 8 lanes (Cephes expf): 2^n e^r with n = round(x log2 e), r = x - n ln 2 (in two parts).
-inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);  // -inf included
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3762626647949f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
+using flashtree_kernels::exp8;
 
 // scaled = x / T and its max; false when the row has a NaN (then nothing else is written).
 bool scale_row(const float* x, int64_t V, float T, float* scaled, float& top) {

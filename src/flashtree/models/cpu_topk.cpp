@@ -15,7 +15,7 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
-#include "cpu_topk.h"
+#include "cpu_kernels.h"
 
 #include <cmath>
 #include <limits>

@@ -1,0 +1,37 @@
+// What the CPU kernels share between their files (one library, built together by cpu_dense.py).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace flashtree_kernels {
+
+// The k largest values of x[0, V) into bv[0, k), descending, their indices into bi (the lower
+// index first among equal values); NaN is never selected (short rows pad with -inf at index -1).
+// In cpu_topk.cpp.
+void topk_row(const float* x, int64_t V, int64_t k, float* bv, int64_t* bi);
+
+// exp(x) on 8 lanes (Cephes expf): 2^n e^r with n = round(x log2 e), r = x - n ln 2 (in two
+// parts), e^r by a degree-6 polynomial (relative error ~1e-7). Below -87.34, where float32's
+// normal range ends, it is 0 (-inf included); x is clamped at 88.38 above. NaN lanes are not
+// handled: callers pass none.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3762626647949f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+}  // namespace flashtree_kernels
