@@ -3,13 +3,16 @@
 Each repeat runs one worker process per checkout (its own venv's Python), alternating, so machine
 drift hits both alike; a worker loads the bundled pair with that checkout's defaults (compile
 warm-up included, untimed), warms each configuration on one prompt, then times every held-out
-prompt one at a time (C=1, greedy). Reports per-configuration median tok/s over repeats and the
-ratios new/old. Configurations are `method` or `method@budget`; the checkout's defaults apply
+prompt one at a time (C=1; greedy, or sampled with --temperature/--top-p, prompt i seeded with i so
+both checkouts draw alike). Reports per-configuration median tok/s over repeats and the ratios
+new/old. Configurations are `method` or `method@budget`; the checkout's defaults apply
 otherwise. Run it on a quiet machine (`../shared/tools/quiet`).
 
 Usage:
   python scripts/side_by_side.py --old /tmp/oldvenv/bin/python --new .venv/bin/python \
       --configs ar,dflash,ddtree@8,ddtree --new-extra compile=True --out benchmarks/side_by_side
+  python scripts/side_by_side.py --old /tmp/oldvenv/bin/python --configs ar,ddtree@8 \
+      --temperature 0.7 --top-p 0.95 --out benchmarks/side_by_side_t07
 """
 import argparse
 import json
@@ -24,7 +27,9 @@ from flashtree import LLM, SamplingParams
 spec = json.loads(sys.argv[1])
 prompts = [json.loads(l)["prompt"] for l in open(spec["prompts"])][spec["skip"]:spec["skip"] + spec["n"]]
 llm = LLM(**spec["llm"])
-params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0)
+T, top_p = spec["temperature"], spec["top_p"]
+seeded = lambda i: SamplingParams(max_tokens=spec["max_tokens"], temperature=T, top_p=top_p, seed=i)  # noqa: E731
+params = seeded(0)
 out = {}
 for label in spec["configs"]:
     method, _, budget = label.partition("@")
@@ -36,8 +41,8 @@ for label in spec["configs"]:
         print(f"{label}: {e}", file=sys.stderr)
         continue
     n, t0 = 0, time.perf_counter()
-    for p in prompts:
-        n += len(llm.generate([p], params, **kw)[0].token_ids)
+    for i, p in enumerate(prompts):
+        n += len(llm.generate([p], seeded(i), **kw)[0].token_ids)
     out[label] = n / (time.perf_counter() - t0)
 print("RESULT " + json.dumps(out))
 """
@@ -71,10 +76,13 @@ def main() -> int:
     p.add_argument("--skip", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", default=None, help="directory for side_by_side.json")
     a = p.parse_args()
     configs = a.configs.split(",")
-    base = {"prompts": a.prompts, "n": a.num_prompts, "skip": a.skip, "max_tokens": a.max_tokens, "configs": configs}
+    base = {"prompts": a.prompts, "n": a.num_prompts, "skip": a.skip, "max_tokens": a.max_tokens, "configs": configs,
+            "temperature": a.temperature, "top_p": a.top_p}
     runs = {"old": [], "new": []}
     for r in range(a.repeats):
         for side, python, extra in (("old", a.old, a.old_extra), ("new", a.new, a.new_extra)):
