@@ -51,7 +51,7 @@ for R in (1, 9, 72):
     for name, (t, k, pp) in {"off": (1.0, 0, 1.0), "top-k 50": (1.0, 50, 1.0), "top-p 0.95": (0.7, 0, 0.95)}.items():
         T, K, P, M = torch.full((R,), t), torch.full((R,), k), torch.full((R,), pp), torch.zeros(R)
         plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), V)
-        host = (logits.numpy(), T.numpy(), K.numpy(), P.numpy(), M.numpy(), u.numpy(), plan)
+        host = (logits.numpy(), T.numpy(), K.numpy(), P.numpy(), M.numpy(), u.numpy())
         fns = [lambda: sample(logits_to_probs(logits, T, K, P, M, plan), [(0, R)], [u]),
                lambda: sample_numpy(*host)] + ([lambda: sample_host(*host)] if kernel else [])
         got = us(fns)

@@ -163,9 +163,8 @@ def test_greedy_and_sampled_requests_share_one_call():
 
 def host_draw(logits: torch.Tensor, settings: list[tuple], u: torch.Tensor, fn=sample_host) -> torch.Tensor:
     T, K, P, M = (np.asarray(c) for c in zip(*settings))
-    plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), logits.shape[-1])
     return torch.from_numpy(fn(logits.numpy(), T.astype(np.float32), K.astype(np.int64), P.astype(np.float32),
-                               M.astype(np.float32), u.numpy(), plan))
+                               M.astype(np.float32), u.numpy()))
 
 
 HOST_SAMPLERS = [pytest.param(sample_numpy, id="numpy"), pytest.param(sample_host, id="kernel", marks=pytest.mark.skipif(

@@ -249,23 +249,24 @@ def sample(probs: torch.Tensor, spans: list[tuple[int, int]], uniforms: list[tor
 
 
 def sample_host(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-                min_p: np.ndarray, u: np.ndarray, plan: FilterPlan) -> np.ndarray:
+                min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """`sample(logits_to_probs(...))` on host arrays, for logits on the CPU: logits [R, V] float32,
     per-row temperature/top_p/min_p [R] float32, top_k [R] int64, u [R] float64 (read on sampled
     rows only) -> [R] int64 tokens, V where a sampled row has no valid mass. Through the CPU
     kernel (`models/cpu_sample.cpp`, one call) when it is built, else `sample_numpy`."""
     if cpu_dense.available():
         return cpu_dense.sample_rows(logits, temperature, top_k, top_p, min_p, u)
-    return sample_numpy(logits, temperature, top_k, top_p, min_p, u, plan)
+    return sample_numpy(logits, temperature, top_k, top_p, min_p, u)
 
 
 def sample_numpy(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-                 min_p: np.ndarray, u: np.ndarray, plan: FilterPlan) -> np.ndarray:
+                 min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """`sample_host` in numpy: p = exp(logits / T - max) unnormalised, zero below the row's cut
     (`cuts_numpy`), then `inverse_cdf`. The normalisations are left out (they scale a row by a
     constant, which the draw does not see). Torch's version is ~60 small ops at 3-10 µs of
     dispatch each on this CPU; numpy's calls cost ~1-5 µs each."""
     R, V = logits.shape
+    plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist(), V)
     out = np.empty(R, dtype=np.int64)
     greedy = temperature == 0
     if plan.any_greedy:

@@ -518,7 +518,6 @@ class Engine:
         ps = [s.params for s in seqs]
         temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                                          [p.min_p for p in ps])
-        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
         if logits.device.type == "cpu":  # the same rule on host arrays, in one kernel call where it is built
             reps = [hi - lo for lo, hi in spans]
             rows = np.asarray(depths)
@@ -530,12 +529,13 @@ class Engine:
                       (lambda v, dt: np.repeat(np.asarray(v, dt), reps))
             return torch.from_numpy(sample_host(
                 logits.float().numpy(), per_row(temps, np.float32), per_row(top_ks, np.int64),
-                per_row(top_ps, np.float32), per_row(min_ps, np.float32), u, plan))
+                per_row(top_ps, np.float32), per_row(min_ps, np.float32), u))
         reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
 
         def per_row(values, dtype):
             return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
 
+        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
         probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
                                 per_row(top_ps, torch.float32), per_row(min_ps, torch.float32), plan)
         us = [None if s.uniforms is None else
