@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import (CDF_BLOCK, FilterPlan, Uniforms, cuts_numpy, cuts_torch, inverse_cdf, logits_to_probs,
+from flashtree.sampling import (FilterPlan, Uniforms, cuts_numpy, cuts_torch, inverse_cdf, logits_to_probs,
                                sample, sample_host, sample_numpy)
 from flashtree.models import cpu_dense
 from flashtree.sampling_params import SamplingParams
@@ -209,21 +209,15 @@ def test_the_host_sampler_draws_from_the_distribution(fn):
     assert chisquare(counts, plain / plain.sum() * n).pvalue < 1e-6
 
 
-def test_the_blocked_inverse_cdf_edges():
+def test_the_host_inverse_cdf_edges():
     """u = 0 takes the first token with mass; u just below 1 the last; rows without valid mass
-    draw V; and where rounding leaves a block's own running sum short of the target (1 + 255
-    tiny masses: summed pairwise they count, one by one onto 1.0 they vanish) it takes the block's
-    last token with mass, never a zero."""
-    V = 3 * CDF_BLOCK + 5
+    draw V."""
+    V = 3 * 256 + 5
     row = np.zeros(V, np.float32)
-    row[[7, CDF_BLOCK + 3, V - 2]] = [0.2, 0.5, 0.3]
+    row[[7, 256 + 3, V - 2]] = [0.2, 0.5, 0.3]
     probs = np.stack([row, row, np.full(V, np.nan, np.float32), np.zeros(V, np.float32), np.full(V, np.inf, np.float32)])
     got = inverse_cdf(probs, np.array([0.0, 1 - 1e-16, 0.5, 0.5, 0.5]))
     assert got.tolist() == [7, V - 2, V, V, V]
-    tiny = np.full(CDF_BLOCK, 1e-17, np.float32)
-    tiny[0], tiny[100] = 1.0, 0.0
-    tiny[-1] = 0.0
-    assert inverse_cdf(tiny[None], np.array([1 - 1e-15])).tolist() == [CDF_BLOCK - 2]
 
 
 def uniform(seed: int, n: int) -> torch.Tensor:

@@ -287,39 +287,13 @@ def sample_numpy(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray,
     return out
 
 
-CDF_BLOCK = 256  # inverse_cdf's block: numpy's cumsum is a scalar loop (24 µs for 4,096 floats here)
-
-
 def inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     """probs [S, V] float32 (>= 0, unnormalised), u [S] float64 in [0, 1) -> [S] int64: the first
-    token whose cumulative mass exceeds u * total, V for a row without valid mass (NaN, inf or
-    all zero) -- an exact draw from probs that never picks a zero-probability token.
-
-    Two levels, in float64: the sums of blocks of CDF_BLOCK tokens and their running total pick
-    the block where the cumulative mass passes u * total; a cumulative sum inside that block picks
-    the token. (Should rounding leave the block's own running sum short of the target, its last
-    token with mass is taken: a block is only ever picked when it holds mass.)"""
+    token whose float64 cumulative mass exceeds u * total, V for a row without valid mass (NaN,
+    inf or all zero) -- `sample`'s rule: an exact draw that never picks a zero-probability token."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a row without valid mass
-        return _inverse_cdf(probs, u)
-
-
-def _inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
-    S, V = probs.shape
-    nb = -(-V // CDF_BLOCK)
-    if nb * CDF_BLOCK != V:
-        probs = np.concatenate([probs, np.zeros((S, nb * CDF_BLOCK - V), probs.dtype)], -1)
-    blocks = probs.reshape(S, nb, CDF_BLOCK)
-    sums = blocks.sum(-1, dtype=np.float64)                                    # [S, nb]
-    ends = sums.cumsum(-1)                                                     # [S, nb] mass through each block
-    total = ends[:, -1]
-    target = np.minimum(u * total, np.nextafter(total, 0))                     # < total
-    valid = np.isfinite(total) & (total > 0)
-    b = np.minimum((ends <= target[:, None]).sum(-1), nb - 1)                  # [S] the first block past it
-    r = np.arange(S)
-    inside = blocks[r, b]                                                      # [S, CDF_BLOCK]
-    cum = inside.cumsum(-1, dtype=np.float64) + (ends[r, b] - sums[r, b])[:, None]
-    j = (cum <= target[:, None]).sum(-1)                                       # [S] first token past it
-    short = j == CDF_BLOCK
-    if short.any():                                                            # rounding: its last token with mass
-        j[short] = CDF_BLOCK - 1 - np.argmax(inside[short, ::-1] > 0, -1)
-    return np.where(valid, b * CDF_BLOCK + j, V)
+        cdf = probs.cumsum(-1, dtype=np.float64)                               # [S, V]
+        total = cdf[:, -1]
+        target = np.minimum(u * total, np.nextafter(total, 0))                 # < total
+        drawn = (cdf <= target[:, None]).sum(-1)                               # first cdf > target
+        return np.where(np.isfinite(total) & (total > 0), drawn, probs.shape[-1])
