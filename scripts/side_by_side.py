@@ -5,7 +5,7 @@ drift hits both alike; a worker loads the bundled pair with that checkout's defa
 warm-up included, untimed), warms each configuration on one prompt, then times every held-out
 prompt one at a time (C=1; greedy, or sampled with --temperature/--top-p, prompt i seeded with i so
 both checkouts draw alike). Reports per-configuration median tok/s over repeats and the ratios
-new/old. Configurations are `method` or `method@budget`; the checkout's defaults apply
+new/old. Configurations are `method` or `method@budget` (a number or auto); the checkout's defaults apply
 otherwise. Run it on a quiet machine (`../shared/tools/quiet`).
 
 Usage:
@@ -33,7 +33,7 @@ params = seeded(0)
 out = {}
 for label in spec["configs"]:
     method, _, budget = label.partition("@")
-    kw = {"method": method, "budget": int(budget) if budget else None}
+    kw = {"method": method, "budget": (int(budget) if budget.isdigit() else budget) if budget else None}
     try:
         llm.generate([prompts[0]], params, **kw)  # warm-up
     except ValueError as e:  # a method this checkout does not have

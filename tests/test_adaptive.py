@@ -52,6 +52,14 @@ def test_calibration_learns_the_observed_frequency():
     assert float(cal.rate([-5.0])[0]) == pytest.approx(math.exp(BIN_CENTRES[1]))  # other bins untouched
 
 
+def test_calibration_bins_hold_their_upper_edge():
+    """bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i]: an edge value falls in the bin below it."""
+    edges = np.array([-6.0, -4.0, -0.15])
+    assert Calibration.bins(edges).tolist() == [0, 1, 8]
+    assert Calibration.bins(edges + 1e-9).tolist() == [1, 2, 9]
+    assert Calibration.bins(np.array([-50.0, 0.0])).tolist() == [0, 9]
+
+
 def test_expected_tau_starts_at_one_and_grows():
     lp, ids = drafts()
     tree = build_ddtree(7, lp, ids, 20)
@@ -92,6 +100,32 @@ def test_cost_table_interpolates_and_extrapolates():
     assert c.verify(1, 1) == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)  # an EMA of measurements
     c.record_draft(1, 0.5)
     assert c.draft(4) == pytest.approx(2.0)                  # one point: proportional
+    # an array of widths reads the same line as each width alone, on both sides of the points
+    ws = np.array([1, 2, 3, 4, 6, 8, 12, 16, 40])
+    assert np.allclose(c.verify(1, ws), [c.verify(1, int(w)) for w in ws])
+    c.record_verify(3, 2, 1.0)
+    c.record_verify(3, 5, 2.5)
+    assert c.verify(3, 1) == pytest.approx(0.5) and c.verify(3, 9) == pytest.approx(4.5)  # extended below and above
+
+
+def test_round_costs_follow_every_record():
+    """A round's cost curve is kept between records (a verdict and a fit read it several times) and
+    follows each new measurement: of the forward, the walk and the overhead."""
+    c = CostTable()
+    assert c.round_cost(1, 1) is None
+    for t in (1, 2, 4, 8):
+        c.record_verify(1, t, 1e-3 * t)
+    assert c.round_cost(1, 8) == pytest.approx(8e-3)
+    assert np.allclose(c.round_cost(1, np.arange(1, 9)), 1e-3 * np.arange(1, 9))
+    assert c.round_cost(1, 40) == pytest.approx(40e-3)      # wider than the curve so far: extended
+    c.record_verify(1, 8, 18e-3)                             # EMA: 0.8 * 8 + 0.2 * 18 = 10 ms
+    assert c.round_cost(1, 8) == pytest.approx(10e-3)
+    c.observe(1, 1, 0, {"verify_forward": 1e-3, "verify_walk": 0.2e-3}, seconds=1.5e-3)  # a plain round
+    assert c.round_cost(1, 1) == pytest.approx(1e-3 + 0.2e-3 + 0.3e-3)
+    assert c.round_cost(1, 2) == pytest.approx(2e-3 + 0.2e-3 + 0.3e-3)  # until a wide round is measured
+    c.observe(1, 4, 1, {"verify_forward": 4e-3, "draft": 1e-3, "verify_walk": 0.5e-3}, seconds=6.5e-3)
+    assert c.round_cost(1, 4) == pytest.approx(4e-3 + 0.5e-3 + 1e-3)  # walk 0.2 + 3 rows x 0.1; overhead 1
+    assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
 
 
 def table(fn, batches=(1,), widths=(1, 2, 4, 8, 16, 32, 64), draft=0.0, learn=True) -> CostTable:

@@ -50,6 +50,7 @@ BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
 # each bin's centre: the midpoint of its edges (the open lowest bin: 2 below its upper edge)
 BIN_CENTRES = np.concatenate([[BIN_EDGES[0] - 2.0], (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2, [BIN_EDGES[-1] / 2]])
 PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
+PRIOR_HITS = PRIOR_COUNT * np.exp(BIN_CENTRES)  # ... and their pseudo-successes
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 256     # ... a gap that doubles while probes do not pay, up to this
@@ -63,6 +64,7 @@ REPEAT_PRIOR = 1.0      # ... while drafting rounds decided in repeating text ga
                         # (tau 8 against a break-even of 4) or lose (tau 1-3), so beating plain "half the
                         # time" probed at a loss (auto 0.95x a never-drafting auto request)
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
+AUTO_WIDTHS = 33        # the cost table's curves cover forward widths up to at least this (a 32-node tree)
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -84,13 +86,12 @@ class Calibration:
 
     @staticmethod
     def bins(path_lp: np.ndarray) -> np.ndarray:
-        # bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i]
-        return np.digitize(np.asarray(path_lp, dtype=float), BIN_EDGES, right=True)
+        # bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i] (np.digitize(right=True), without its checks)
+        return np.searchsorted(BIN_EDGES, np.asarray(path_lp, dtype=float), side="left")
 
     def rate(self, path_lp: np.ndarray) -> np.ndarray:
         """Calibrated acceptance probability of nodes with these path log-probs (posterior means)."""
-        prior = np.exp(BIN_CENTRES)
-        table = (PRIOR_COUNT * prior + self.hits) / (PRIOR_COUNT + self.trials)
+        table = (PRIOR_HITS + self.hits) / (PRIOR_COUNT + self.trials)
         return table[self.bins(path_lp)]
 
     def update(self, path_lp: np.ndarray, accepted: np.ndarray) -> None:
@@ -103,8 +104,12 @@ class Calibration:
 def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
     """[tree.size] E[tau | N] for N = 0..tree.size-1: 1 (the bonus) + the calibrated acceptance
     probabilities of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes)."""
-    probs = calibration.rate(path_logprobs(tree)[1:])
-    return np.concatenate([[1.0], 1.0 + np.cumsum(probs)])
+    return tau_curve(path_logprobs(tree)[1:], calibration)
+
+
+def tau_curve(paths: np.ndarray, calibration: Calibration) -> np.ndarray:
+    """expected_tau from the tree's path log-probs [N] (root excluded): [N+1]."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(calibration.rate(paths))])
 
 
 def setting(seq: Sequence) -> tuple:
@@ -127,15 +132,17 @@ def interpolate(points: dict[float, float], x):
     number (returns a float) or an array (returns an array), so a round rates every width at once."""
     if np.ndim(x) == 0 and x in points:  # a measured point (the common case): no array work
         return max(float(points[x]), 1e-6)
-    xs = np.array(sorted(points), dtype=float)
-    ys = np.array([points[k] for k in sorted(points)], dtype=float)
+    keys = sorted(points)
+    xs, ys = np.array(keys, dtype=float), np.array([points[k] for k in keys], dtype=float)
     q = np.asarray(x, dtype=float)
     if len(xs) == 1:
         y = ys[0] * q / xs[0]
-    else:
-        i = np.clip(np.searchsorted(xs, q), 1, len(xs) - 1)  # segment [xs[i-1], xs[i]]
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        y = y0 + (y1 - y0) * (q - x0) / (x1 - x0)
+    else:  # inside: np.interp; outside: the end segment's line (np.interp would hold the end value)
+        y = np.interp(q, xs, ys)
+        if q.min() < keys[0]:
+            y = np.where(q < xs[0], ys[0] + (ys[1] - ys[0]) * (q - xs[0]) / (xs[1] - xs[0]), y)
+        if q.max() > keys[-1]:
+            y = np.where(q > xs[-1], ys[-2] + (ys[-1] - ys[-2]) * (q - xs[-2]) / (xs[-1] - xs[-2]), y)
     y = np.maximum(y, 1e-6)
     return float(y) if y.ndim == 0 else y
 
@@ -152,15 +159,18 @@ class CostTable:
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     learn: bool = True
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
+    # batch -> round cost [W+1] by width (index 0 unused), as of the last record: a round's verdict and
+    # its fit read the same curve several times, and the table changes once a round
+    _curves: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def measured(self) -> bool:
         return bool(self.verify_s)
 
-    @staticmethod
-    def _ema(table: dict, key, secs: float) -> None:
+    def _ema(self, table: dict, key, secs: float) -> None:
         old = table.get(key)
         table[key] = secs if old is None else (1 - COST_EMA) * old + COST_EMA * secs
+        self._curves.clear()
 
     def record_verify(self, batch: int, tokens: int, secs: float) -> None:
         self._ema(self.verify_s, (batch, tokens), secs)
@@ -228,9 +238,29 @@ class CostTable:
 
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
-        work (`tokens`: a number or an array of widths)."""
-        v = self.verify(batch, tokens)
-        return None if v is None else v + self.walk(batch, tokens) + self.overhead(batch, tokens)
+        work (`tokens`: a number or an array of widths >= 1). None until a forward is measured."""
+        if not self.verify_s:
+            return None
+        scalar = np.ndim(tokens) == 0
+        top = int(tokens) if scalar else int(tokens[-1]) if tokens[-1] >= tokens[0] else int(np.max(tokens))
+        curve = self._curves.get(batch)
+        if curve is None or len(curve) <= top:  # every width up to the widest asked, in one pass
+            curve = self._curves[batch] = self._curve(batch, max(top, AUTO_WIDTHS))
+        return float(curve[tokens]) if scalar else curve[tokens]
+
+    def _curve(self, batch: int, top: int) -> np.ndarray:
+        """[top+1] round cost by width (index 0: nan), in few array operations: in a round, right
+        after the forwards, caches are cold and a numpy call costs several times its warm ~1 us."""
+        widths = np.arange(1, top + 1)
+        base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
+        row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
+        plain, wide = self.overhead(batch, 1), self.overhead(batch, 2)
+        curve = np.empty(top + 1)
+        curve[0] = np.nan
+        # verify + walk (base + row per extra row) + a wide round's overhead; width 1 is a plain round
+        curve[1:] = self.verify(batch, widths) + (base - row * batch + wide) + (row * batch) * widths
+        curve[1] += plain - wide
+        return curve
 
     def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
@@ -251,17 +281,18 @@ class CostTable:
 
 # -------------------------------------------------------------------------------- the choice
 def token_rates(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
-                floor: int = 1, fixed: float = 0.0) -> dict[int, float]:
+                floor: int = 1, fixed: float = 0.0) -> tuple[np.ndarray, np.ndarray] | None:
     """Expected committed tokens per second of the round for each forward width T >= floor (the
     widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
-    node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences."""
+    node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences.
+    Returns (widths, rates), or None while no forward is measured."""
     top = max([floor] + [len(c) for c in curves])
     widths = np.arange(floor, top + 1)
     cost = costs.round_cost(batch, widths)                   # every width at once
     if cost is None:
-        return {}
+        return None
     gain = fixed + sum(c[np.minimum(widths - 1, len(c) - 1)] for c in curves)
-    return dict(zip(widths.tolist(), (gain / (draft_cost + cost)).tolist()))
+    return widths, gain / (draft_cost + cost)
 
 
 def choose_tokens(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
@@ -269,9 +300,10 @@ def choose_tokens(curves: list[np.ndarray], costs: CostTable, batch: int, draft_
     """The forward's tokens per sequence T (1 = plain) with the best expected token rate; ties go
     to the smaller T. Unmeasured costs: the widest tree (trust the drafter until timed)."""
     rates = token_rates(curves, costs, batch, draft_cost, floor, fixed)
-    if not rates:
+    if rates is None:
         return max([floor] + [len(c) for c in curves])
-    return max(rates, key=lambda T: (rates[T], -T))
+    widths, r = rates
+    return int(widths[np.argmax(r)])  # argmax: the first best, i.e. the smallest T on a tie
 
 
 def prefix(tree: DraftTree, nodes: int) -> DraftTree:
@@ -382,11 +414,11 @@ class AdaptiveBudget:
         if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
             return False
         curves = [np.ones(1) if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
-                  np.concatenate([[1.0], 1.0 + np.cumsum(st.calibration.rate(st.last_paths))]) for st in states]
+                  tau_curve(st.last_paths, st.calibration) for st in states]
         fixed = batch - len(seqs)
         spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
-        wants = bool(spec) and max(spec.values()) > plain
+        wants = spec is not None and float(spec[1].max()) > plain
         for st in states:
             st.prefers_plain = not wants
         return wants
@@ -416,7 +448,8 @@ class AdaptiveBudget:
             return trees, [None] * len(batch)
         if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
             return trees, [Choice(0, 1.0, None) if s.auto else None for s in batch]
-        curves = {b: expected_tau(trees[b], self.state(batch[b], len(batch)).calibration) for b in auto}
+        paths = {b: path_logprobs(trees[b])[1:] for b in auto}  # [N_b] each (empty: not drafted)
+        curves = {b: tau_curve(paths[b], self.state(batch[b], len(batch)).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
         draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
         T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
@@ -428,8 +461,7 @@ class AdaptiveBudget:
         trees, choices = list(trees), [None] * len(batch)
         for b, curve in curves.items():
             n = min(T - 1, trees[b].size - 1)
-            paths = path_logprobs(trees[b])[1:] if trees[b].size > 1 else None
-            choices[b] = Choice(n, float(curve[n]), paths, float(break_even))
+            choices[b] = Choice(n, float(curve[n]), paths[b] if trees[b].size > 1 else None, float(break_even))
             trees[b] = prefix(trees[b], n)
         return trees, choices
 
