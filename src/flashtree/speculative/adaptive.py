@@ -32,6 +32,7 @@ trees, verify or sample.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
 BIN_CENTRES = np.concatenate([[BIN_EDGES[0] - 2.0], (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2, [BIN_EDGES[-1] / 2]])
 PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
 PRIOR_HITS = PRIOR_COUNT * np.exp(BIN_CENTRES)  # ... and their pseudo-successes
+EDGES = BIN_EDGES.tolist()
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 256     # ... a gap that doubles while probes do not pay, up to this
@@ -89,10 +91,13 @@ class Calibration:
         # bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i] (np.digitize(right=True), without its checks)
         return np.searchsorted(BIN_EDGES, np.asarray(path_lp, dtype=float), side="left")
 
+    def table(self) -> list[float]:
+        """The calibrated acceptance probability of each bin (posterior means)."""
+        return ((PRIOR_HITS + self.hits) / (PRIOR_COUNT + self.trials)).tolist()
+
     def rate(self, path_lp: np.ndarray) -> np.ndarray:
-        """Calibrated acceptance probability of nodes with these path log-probs (posterior means)."""
-        table = (PRIOR_HITS + self.hits) / (PRIOR_COUNT + self.trials)
-        return table[self.bins(path_lp)]
+        """Calibrated acceptance probability of nodes with these path log-probs."""
+        return np.asarray(self.table())[self.bins(path_lp)]
 
     def update(self, path_lp: np.ndarray, accepted: np.ndarray) -> None:
         """One trial per node; a success when the node is on the accepted path."""
@@ -104,12 +109,21 @@ class Calibration:
 def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
     """[tree.size] E[tau | N] for N = 0..tree.size-1: 1 (the bonus) + the calibrated acceptance
     probabilities of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes)."""
-    return tau_curve(path_logprobs(tree)[1:], calibration)
+    return np.array(tau_curve(path_logprobs(tree)[1:], calibration))
 
 
-def tau_curve(paths: np.ndarray, calibration: Calibration) -> np.ndarray:
-    """expected_tau from the tree's path log-probs [N] (root excluded): [N+1]."""
-    return np.concatenate([[1.0], 1.0 + np.cumsum(calibration.rate(paths))])
+def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
+    """expected_tau from the tree's path log-probs [N] (root excluded): N+1 floats. Plain Python,
+    as is the rest of a round's choice (token_rates, the cost curve): its arrays are a few dozen
+    numbers, and in a round, right after the forwards, caches are cold and each numpy call costs
+    several microseconds — a numpy verdict took ~320 us there, this one ~140 (bisect_left on the
+    edges is Calibration.bins)."""
+    table = calibration.table()
+    out, tau = [1.0], 1.0
+    for lp in (paths.tolist() if isinstance(paths, np.ndarray) else paths):
+        tau += table[bisect.bisect_left(EDGES, lp)]
+        out.append(tau)
+    return out
 
 
 def setting(seq: Sequence) -> tuple:
@@ -129,22 +143,30 @@ def regime(seq: Sequence, batch: int) -> tuple:
 def interpolate(points: dict[float, float], x):
     """Piecewise-linear y(x) through measured points; beyond them the nearest segment's slope;
     from a single point, proportional (y = y0 * x / x0). Never below a microsecond. `x` may be a
-    number (returns a float) or an array (returns an array), so a round rates every width at once."""
-    if np.ndim(x) == 0 and x in points:  # a measured point (the common case): no array work
-        return max(float(points[x]), 1e-6)
-    keys = sorted(points)
-    xs, ys = np.array(keys, dtype=float), np.array([points[k] for k in keys], dtype=float)
-    q = np.asarray(x, dtype=float)
+    number (returns a float) or an array (returns an array)."""
+    if isinstance(x, (int, float)) or np.ndim(x) == 0:
+        return max(float(points[x]), 1e-6) if x in points else line(points, [float(x)])[0]
+    return np.array(line(points, np.asarray(x, dtype=float).ravel().tolist())).reshape(np.shape(x))
+
+
+def line(points: dict[float, float], qs) -> list[float]:
+    """interpolate at each of qs (an iterable of numbers; fastest ascending), in plain Python (see
+    tau_curve)."""
+    xs = sorted(points)
+    ys = [points[k] for k in xs]
     if len(xs) == 1:
-        y = ys[0] * q / xs[0]
-    else:  # inside: np.interp; outside: the end segment's line (np.interp would hold the end value)
-        y = np.interp(q, xs, ys)
-        if q.min() < keys[0]:
-            y = np.where(q < xs[0], ys[0] + (ys[1] - ys[0]) * (q - xs[0]) / (xs[1] - xs[0]), y)
-        if q.max() > keys[-1]:
-            y = np.where(q > xs[-1], ys[-2] + (ys[-1] - ys[-2]) * (q - xs[-2]) / (xs[-1] - xs[-2]), y)
-    y = np.maximum(y, 1e-6)
-    return float(y) if y.ndim == 0 else y
+        return [max(ys[0] * q / xs[0], 1e-6) for q in qs]
+    slopes = [(ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]) for i in range(1, len(xs))]
+    last, i, prev, out = len(xs) - 1, 1, -math.inf, []
+    for q in qs:
+        if q < prev:  # not ascending: walk again from the first segment
+            i = 1
+        prev = q
+        while i < last and xs[i] < q:  # segment [xs[i-1], xs[i]] holds q (the end ones extended)
+            i += 1
+        y = ys[i - 1] + slopes[i - 1] * (q - xs[i - 1])
+        out.append(y if y > 1e-6 else 1e-6)
+    return out
 
 
 @dataclass(slots=True)
@@ -159,9 +181,7 @@ class CostTable:
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     learn: bool = True
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
-    # batch -> round cost [W+1] by width (index 0 unused), as of the last record: a round's verdict and
-    # its fit read the same curve several times, and the table changes once a round
-    _curves: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
 
     @property
     def measured(self) -> bool:
@@ -212,13 +232,17 @@ class CostTable:
         round's and a wider one's are measured apart (a wide round packs trees and commits paths;
         one average made plain rounds look 22 % dearer at C=8: 4.76 ms predicted, 3.9 measured);
         either stands in for the other until both are measured."""
+        plain, wide = self._overheads(batch)
+        if np.ndim(tokens):
+            return np.where(np.asarray(tokens) > 1, wide, plain)
+        return wide if tokens > 1 else plain
+
+    def _overheads(self, batch: int) -> tuple[float, float]:
+        """overhead(batch, 1) and overhead(batch, >1)."""
         plain, wide = ({b: s for (b, w), s in self.overhead_s.items() if w == kind} for kind in (False, True))
         if not plain and not wide:
-            return 0.0
-        at = lambda points: interpolate(points or plain or wide, batch)  # noqa: E731
-        if np.ndim(tokens):
-            return np.where(np.asarray(tokens) > 1, at(wide), at(plain))
-        return at(wide) if tokens > 1 else at(plain)
+            return 0.0, 0.0
+        return interpolate(plain or wide, batch), interpolate(wide or plain, batch)
 
     def record_walk(self, batch: int, tokens: int, secs: float) -> None:
         """The verify walk (sampling every row, then the accept walk) of a round: a plain round's
@@ -238,29 +262,34 @@ class CostTable:
 
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
-        work (`tokens`: a number or an array of widths >= 1). None until a forward is measured."""
+        work (`tokens`: a width >= 1, or an array of them). None until a forward is measured."""
+        if isinstance(tokens, int) or np.ndim(tokens) == 0:
+            curve = self.round_costs(batch, int(tokens))
+            return None if curve is None else curve[int(tokens)]
+        tokens = np.asarray(tokens)
+        curve = self.round_costs(batch, int(tokens.max()))
+        return None if curve is None else np.asarray(curve)[tokens]
+
+    def round_costs(self, batch: int, top: int) -> list[float] | None:
+        """round_cost of every width 0..>= top as a list (index 0: nan), kept until the next record:
+        a round's verdict and its fit read it several times, and the table changes once a round."""
         if not self.verify_s:
             return None
-        scalar = np.ndim(tokens) == 0
-        top = int(tokens) if scalar else int(tokens[-1]) if tokens[-1] >= tokens[0] else int(np.max(tokens))
         curve = self._curves.get(batch)
-        if curve is None or len(curve) <= top:  # every width up to the widest asked, in one pass
+        if curve is None or len(curve) <= top:
             curve = self._curves[batch] = self._curve(batch, max(top, AUTO_WIDTHS))
-        return float(curve[tokens]) if scalar else curve[tokens]
+        return curve
 
-    def _curve(self, batch: int, top: int) -> np.ndarray:
-        """[top+1] round cost by width (index 0: nan), in few array operations: in a round, right
-        after the forwards, caches are cold and a numpy call costs several times its warm ~1 us."""
-        widths = np.arange(1, top + 1)
+    def _curve(self, batch: int, top: int) -> list[float]:
+        own = {t: s for (b, t), s in self.verify_s.items() if b == batch}
+        widths = range(1, top + 1)
+        verify = line(own, widths) if len(own) >= 2 else self.verify(batch, np.arange(1, top + 1)).tolist()
         base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
         row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
-        plain, wide = self.overhead(batch, 1), self.overhead(batch, 2)
-        curve = np.empty(top + 1)
-        curve[0] = np.nan
-        # verify + walk (base + row per extra row) + a wide round's overhead; width 1 is a plain round
-        curve[1:] = self.verify(batch, widths) + (base - row * batch + wide) + (row * batch) * widths
-        curve[1] += plain - wide
-        return curve
+        plain, wide = self._overheads(batch)
+        # verify + walk (base + row per extra row verified) + the overhead (width 1: a plain round's)
+        return [math.nan] + [v + base + row * batch * (w - 1) + (plain if w == 1 else wide)
+                             for w, v in zip(widths, verify)]
 
     def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
@@ -280,30 +309,32 @@ class CostTable:
 
 
 # -------------------------------------------------------------------------------- the choice
-def token_rates(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
-                floor: int = 1, fixed: float = 0.0) -> tuple[np.ndarray, np.ndarray] | None:
+def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
+                floor: int = 1, fixed: float = 0.0) -> list[tuple[int, float]] | None:
     """Expected committed tokens per second of the round for each forward width T >= floor (the
     widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
     node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences.
-    Returns (widths, rates), or None while no forward is measured."""
+    Returns [(T, rate)] in increasing T, or None while no forward is measured."""
     top = max([floor] + [len(c) for c in curves])
-    widths = np.arange(floor, top + 1)
-    cost = costs.round_cost(batch, widths)                   # every width at once
+    cost = costs.round_costs(batch, top)
     if cost is None:
         return None
-    gain = fixed + sum(c[np.minimum(widths - 1, len(c) - 1)] for c in curves)
-    return widths, gain / (draft_cost + cost)
+    gain = [fixed] * (top + 1)  # gain[T]: the tokens a width-T forward is expected to commit
+    for c in curves:
+        n = len(c)
+        for T in range(floor, top + 1):
+            gain[T] += c[T - 1] if T <= n else c[n - 1]
+    return [(T, gain[T] / (draft_cost + cost[T])) for T in range(floor, top + 1)]
 
 
-def choose_tokens(curves: list[np.ndarray], costs: CostTable, batch: int, draft_cost: float,
+def choose_tokens(curves: list, costs: CostTable, batch: int, draft_cost: float,
                   floor: int = 1, fixed: float = 0.0) -> int:
     """The forward's tokens per sequence T (1 = plain) with the best expected token rate; ties go
     to the smaller T. Unmeasured costs: the widest tree (trust the drafter until timed)."""
     rates = token_rates(curves, costs, batch, draft_cost, floor, fixed)
     if rates is None:
         return max([floor] + [len(c) for c in curves])
-    widths, r = rates
-    return int(widths[np.argmax(r)])  # argmax: the first best, i.e. the smallest T on a tie
+    return max(rates, key=lambda tr: (tr[1], -tr[0]))[0]
 
 
 def prefix(tree: DraftTree, nodes: int) -> DraftTree:
@@ -413,12 +444,12 @@ class AdaptiveBudget:
             return True
         if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
             return False
-        curves = [np.ones(1) if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
+        curves = [[1.0] if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
                   tau_curve(st.last_paths, st.calibration) for st in states]
         fixed = batch - len(seqs)
         spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
-        wants = spec is not None and float(spec[1].max()) > plain
+        wants = bool(spec) and max(r for _, r in spec) > plain
         for st in states:
             st.prefers_plain = not wants
         return wants
