@@ -116,7 +116,7 @@ def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
     """expected_tau from the tree's path log-probs [N] (root excluded): N+1 floats. Plain Python,
     as is the rest of a round's choice (token_rates, the cost curve): its arrays are a few dozen
     numbers, and in a round, right after the forwards, caches are cold and each numpy call costs
-    several microseconds — a numpy verdict took ~320 us there, this one ~140 (bisect_left on the
+    several microseconds — a numpy verdict took ~320 us there, this one ~170 (bisect_left on the
     edges is Calibration.bins)."""
     table = calibration.table()
     out, tau = [1.0], 1.0
