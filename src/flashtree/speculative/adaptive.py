@@ -150,8 +150,8 @@ def interpolate(points: dict[float, float], x):
 
 
 def line(points: dict[float, float], qs) -> list[float]:
-    """interpolate at each of qs (an iterable of numbers; fastest ascending), in plain Python (see
-    tau_curve)."""
+    """`interpolate`'s rule at each of qs (an iterable of numbers; fastest ascending), in plain
+    Python (see tau_curve)."""
     xs = sorted(points)
     ys = [points[k] for k in xs]
     if len(xs) == 1:
@@ -281,6 +281,7 @@ class CostTable:
         return curve
 
     def _curve(self, batch: int, top: int) -> list[float]:
+        """[nan, round cost of width 1, ..., of width top] (see round_costs)."""
         own = {t: s for (b, t), s in self.verify_s.items() if b == batch}
         widths = range(1, top + 1)
         verify = line(own, widths) if len(own) >= 2 else self.verify(batch, np.arange(1, top + 1)).tolist()
