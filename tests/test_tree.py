@@ -121,3 +121,32 @@ def test_verify_walk_matches_a_host_walk_on_random_trees():
             assert out.bonus[b].item() == bonus
     chain = chain_tree(4, [5, 7, 8])
     assert chain.parents == [-1, 0, 1, 2] and chain.depths == [0, 1, 2, 3]
+
+
+def test_a_plain_round_packs_and_verifies_as_the_general_rule_does():
+    """Root-only trees (plain rounds) take a shortcut in pack_trees, scatter and verify_tree: the
+    same arrays and the same walk as the general path, which a wider tree in the batch forces."""
+    import torch
+    from flashtree.engine.round import pack_trees
+    roots = [DraftTree([t], [-1], [0], [0.0]) for t in (3, 9, 4)]
+    lengths = [5, 11, 7]
+    plain = pack_trees(roots, lengths, "cpu")
+    wide = pack_trees(roots + [chain_tree(2, [6])], lengths + [8], "cpu")  # T = 2: the general path
+    for name in ("tokens", "parents", "depths", "valid"):
+        assert getattr(plain, name).tolist() == getattr(wide, name)[:3, :1].tolist(), name
+    assert plain.vis.tolist() == wide.vis[:3, :1, :1].tolist()
+    assert plain.positions.tolist() == wide.positions[:3, :1].tolist()
+    assert plain.flat.tolist() == [0, 1, 2] and plain.nodes.tolist() == [0, 1, 2]
+    assert plain.lengths.tolist() == lengths and plain.mask.dtype == torch.bool
+    assert (plain.sizes, plain.deepest, plain.spans) == ([1, 1, 1], [0, 0, 0], [(0, 1), (1, 2), (2, 3)])
+    assert plain.row_depths.tolist() == [0, 0, 0]
+    draws = plain.scatter(torch.tensor([7, 1, 5]))
+    assert draws.dtype == np.int64 and draws.tolist() == [[7], [1], [5]]
+    out = verify_tree(plain.tokens, plain.parents, plain.depths, plain.valid, draws, plain.vis)
+    pad = lambda a: np.concatenate([a, np.zeros_like(a)], axis=1)  # noqa: E731 -- one invalid padding node
+    vis2 = np.zeros((3, 2, 2), dtype=bool)
+    vis2[:, 0, 0] = vis2[:, 1, 1] = True
+    ref = verify_tree(pad(plain.tokens), pad(plain.parents), pad(plain.depths), pad(plain.valid), pad(draws), vis2)
+    assert out.accepted.tolist() == ref.accepted[:, :1].tolist() == [[True]] * 3
+    assert out.last.tolist() == ref.last.tolist() == [0, 0, 0]
+    assert out.bonus.tolist() == ref.bonus.tolist() == [7, 1, 5]

@@ -555,17 +555,24 @@ class Engine:
         trees, vout, feats = out.trees, out.vout, out.feats
         accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
+        plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
+        if plain and feats is not None:
+            feats = feats.clone()       # [B, 1, F]: one copy for the round, each sequence keeps a view of it
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
             self.consecutive_failures = 0
-            nodes = np.flatnonzero(accepted[b])  # node order == depth order on a path
-            path = nodes.tolist()
-            for j, i in enumerate(path):
-                slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            self.proposers[s.method].on_commit(  # (index_select: indexing by a list costs ~2x here)
-                s, trees[b], path, feats[b].index_select(0, torch.from_numpy(nodes).to(feats.device))
-                if feats is not None else None)
+            if plain:
+                path = [0]
+                kept = None if feats is None else feats[b]
+            else:
+                nodes = np.flatnonzero(accepted[b])  # node order == depth order on a path
+                path = nodes.tolist()
+                for j, i in enumerate(path):
+                    slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
+                kept = None if feats is None else \
+                    feats[b].index_select(0, torch.from_numpy(nodes).to(feats.device))  # (a list index: ~2x)
+            self.proposers[s.method].on_commit(s, trees[b], path, kept)
             tau = len(path)
             s.length += tau
             s.metrics.rounds += 1

@@ -52,6 +52,8 @@ class VerifyInput:
 
     def scatter(self, values: torch.Tensor) -> np.ndarray:
         """Per-valid-node values [R] (device) -> padded [B, T] on the host (one copy)."""
+        if self.tokens.shape[1] == 1:  # roots only: row b is node (b, 0)
+            return values.cpu().numpy().astype(np.int64, copy=False).reshape(-1, 1)
         out = np.zeros(self.tokens.shape, dtype=np.int64)
         out.reshape(-1)[self.flat] = values.cpu().numpy()
         return out
@@ -59,6 +61,8 @@ class VerifyInput:
 
 def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
     B, T = len(trees), max(t.size for t in trees)
+    if T == 1:
+        return _pack_roots(trees, lengths, device)
     tokens = np.zeros((B, T), dtype=np.int64)
     parents = np.zeros((B, T), dtype=np.int64)
     depths = np.zeros((B, T), dtype=np.int64)
@@ -80,3 +84,21 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
                        mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])
+
+
+def _pack_roots(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
+    """pack_trees of root-only trees (a plain round): the same arrays without building any
+    visibility — each of the round's host array calls costs several microseconds with its caches
+    cold, and a plain round is most rounds."""
+    B = len(trees)
+    tokens = np.array([[t.tokens[0]] for t in trees], dtype=np.int64)  # [B, 1]
+    vis = np.ones((B, 1, 1), dtype=bool)
+    flat = np.arange(B)
+    positions = np.array(lengths, dtype=np.int64)[:, None]             # depth 0: position = length
+    dev = torch.device(device)
+    return VerifyInput(tokens=tokens, parents=np.zeros((B, 1), dtype=np.int64), depths=np.zeros((B, 1), dtype=np.int64),
+                       valid=np.ones((B, 1), dtype=bool), vis=vis, flat=flat,
+                       ids=torch.from_numpy(tokens).to(dev), positions=torch.from_numpy(positions).to(dev),
+                       lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
+                       mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
+                       sizes=[1] * B, deepest=[0] * B)

@@ -30,6 +30,8 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
     padding nodes have valid = False). draws[b, i] = the target's token drawn at node i.
     vis [B, T, T] bool: vis[b, i, j] when node j is node i or one of its ancestors. A fixed
     number of array ops, whatever the depth: no loop over nodes."""
+    if tokens.shape[1] == 1:  # roots only (a plain round): the root is accepted, its draw is the bonus
+        return VerifyOutput(valid.copy(), np.zeros(len(tokens), dtype=np.int64), draws[:, 0].copy())
     is_root = np.zeros_like(valid)
     is_root[:, 0] = True
     # a node matches when its token equals its parent's draw
