@@ -61,22 +61,26 @@ class VerifyInput:
 
 def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
     B, T = len(trees), max(t.size for t in trees)
-    if T == 1:
-        return _pack_roots(trees, lengths, device)
-    tokens = np.zeros((B, T), dtype=np.int64)
-    parents = np.zeros((B, T), dtype=np.int64)
-    depths = np.zeros((B, T), dtype=np.int64)
-    valid = np.zeros((B, T), dtype=bool)
-    vis = np.zeros((B, T, T), dtype=bool)
-    vis[:, np.arange(T), np.arange(T)] = True  # padding sees itself only: no all-masked attention row
-    for b, t in enumerate(trees):
-        n = t.size
-        tokens[b, :n] = t.tokens
-        parents[b, 1:n] = t.parents[1:]
-        depths[b, :n] = t.depths
-        valid[b, :n] = True
-        vis[b, :n, :n] = t.visibility()
-    flat = np.flatnonzero(valid)
+    if T == 1:  # roots only (a plain round, most rounds): no visibility to build — each host array
+        # call of a round costs several microseconds with its caches cold
+        tokens = np.array([[t.tokens[0]] for t in trees], dtype=np.int64)
+        parents, depths = np.zeros((B, 1), dtype=np.int64), np.zeros((B, 1), dtype=np.int64)
+        valid, vis, flat = np.ones((B, 1), dtype=bool), np.ones((B, 1, 1), dtype=bool), np.arange(B)
+    else:
+        tokens = np.zeros((B, T), dtype=np.int64)
+        parents = np.zeros((B, T), dtype=np.int64)
+        depths = np.zeros((B, T), dtype=np.int64)
+        valid = np.zeros((B, T), dtype=bool)
+        vis = np.zeros((B, T, T), dtype=bool)
+        vis[:, np.arange(T), np.arange(T)] = True  # padding sees itself only: no all-masked attention row
+        for b, t in enumerate(trees):
+            n = t.size
+            tokens[b, :n] = t.tokens
+            parents[b, 1:n] = t.parents[1:]
+            depths[b, :n] = t.depths
+            valid[b, :n] = True
+            vis[b, :n, :n] = t.visibility()
+        flat = np.flatnonzero(valid)
     positions = np.asarray(lengths, dtype=np.int64)[:, None] + depths
     dev = torch.device(device)
     return VerifyInput(tokens=tokens, parents=parents, depths=depths, valid=valid, vis=vis, flat=flat,
@@ -84,21 +88,3 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
                        mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])
-
-
-def _pack_roots(trees: list[DraftTree], lengths: list[int], device) -> VerifyInput:
-    """pack_trees of root-only trees (a plain round): the same arrays without building any
-    visibility — each of the round's host array calls costs several microseconds with its caches
-    cold, and a plain round is most rounds."""
-    B = len(trees)
-    tokens = np.array([[t.tokens[0]] for t in trees], dtype=np.int64)  # [B, 1]
-    vis = np.ones((B, 1, 1), dtype=bool)
-    flat = np.arange(B)
-    positions = np.array(lengths, dtype=np.int64)[:, None]             # depth 0: position = length
-    dev = torch.device(device)
-    return VerifyInput(tokens=tokens, parents=np.zeros((B, 1), dtype=np.int64), depths=np.zeros((B, 1), dtype=np.int64),
-                       valid=np.ones((B, 1), dtype=bool), vis=vis, flat=flat,
-                       ids=torch.from_numpy(tokens).to(dev), positions=torch.from_numpy(positions).to(dev),
-                       lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
-                       mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
-                       sizes=[1] * B, deepest=[0] * B)
