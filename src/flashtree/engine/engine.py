@@ -590,12 +590,13 @@ class Engine:
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
         self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
         self.runner.move(slots, src, dst)
+        drafter_wrote = self.drafts is not None and out.drafted > 0  # only a drafter pass writes its rows
         for s in batch:
             # rejected nodes' pages go back, past those the next round reserves again anyway
             self.blocks.trim(s.slot, s.length + self._round_rows(s))
             if self.blocks.unnamed(s.slot, s.length):  # a page filled up: name it (prefix cache)
                 self.blocks.commit(s.slot, s.cache_ids, s.length)
-            rows = self.drafts.cached_rows(s) if self.drafts is not None else None
+            rows = self.drafts.cached_rows(s) if drafter_wrote else None
             if rows is not None:
                 self.blocks.drafted(s.slot, rows)
         self.stats["rounds"] += 1
