@@ -17,7 +17,7 @@ from flashtree.engine.engine import Engine, EngineConfig, RequestError
 from flashtree.errors import UserError
 from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
 from flashtree.server.app import create_app
-from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable, choose_tokens, expected_tau,
+from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable, choose_tokens, tau_curve,
                                             path_logprobs, prefix)
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
@@ -60,15 +60,15 @@ def test_calibration_bins_hold_their_upper_edge():
     assert Calibration.bins(np.array([-50.0, 0.0])).tolist() == [0, 9]
 
 
-def test_expected_tau_starts_at_one_and_grows():
+def test_tau_curve_starts_at_one_and_grows():
     lp, ids = drafts()
     tree = build_ddtree(7, lp, ids, 20)
     cal = Calibration()
-    curve = expected_tau(tree, cal)
+    curve = np.array(tau_curve(path_logprobs(tree)[1:], cal))
     assert len(curve) == tree.size and curve[0] == 1.0 and np.all(np.diff(curve) >= 0)
     assert curve[-1] < 1 + (tree.size - 1)
     cal.update(path_logprobs(tree)[1:], np.zeros(tree.size - 1, dtype=bool))  # nothing accepted
-    assert np.all(expected_tau(tree, cal)[1:] < curve[1:])
+    assert np.all(np.array(tau_curve(path_logprobs(tree)[1:], cal))[1:] < curve[1:])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

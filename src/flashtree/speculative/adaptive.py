@@ -7,7 +7,7 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
   bin's draft probability — so before any evidence it trusts the drafter — learned from the
   sequence's own committed rounds (every verified node is one trial; a success is a node on the
   accepted path). Per sequence is per temperature setting: a request's sampling never changes.
-- `expected_tau`: E[tau | N] = 1 + the calibrated probabilities of the first N nodes summed. Trees
+- `tau_curve`: E[tau | N] = 1 + the calibrated probabilities of the first N nodes summed. Trees
   are in best-first pop order, so the first N nodes of a budget-M tree are the budget-N tree.
 - `CostTable` (one per engine): measured seconds of the drafter pass by batch size, of the verify
   forward by (batch size, tokens per sequence) and of the rest of a round by batch size; seeded
@@ -66,7 +66,6 @@ REPEAT_PRIOR = 1.0      # ... while drafting rounds decided in repeating text ga
                         # (tau 8 against a break-even of 4) or lose (tau 1-3), so beating plain "half the
                         # time" probed at a loss (auto 0.95x a never-drafting auto request)
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
-AUTO_WIDTHS = 33        # the cost table's curves cover forward widths up to at least this (a 32-node tree)
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -106,14 +105,10 @@ class Calibration:
         np.add.at(self.hits, idx, np.asarray(accepted, dtype=float))
 
 
-def expected_tau(tree: DraftTree, calibration: Calibration) -> np.ndarray:
-    """[tree.size] E[tau | N] for N = 0..tree.size-1: 1 (the bonus) + the calibrated acceptance
-    probabilities of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes)."""
-    return np.array(tau_curve(path_logprobs(tree)[1:], calibration))
-
-
 def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
-    """expected_tau from the tree's path log-probs [N] (root excluded): N+1 floats. Plain Python,
+    """E[tau | N] for N = 0..len(paths) of a tree whose nodes have these path log-probs (root
+    excluded, `path_logprobs(tree)[1:]`): 1 (the bonus) + the calibrated acceptance probabilities
+    of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes). Plain Python,
     as is the rest of a round's choice (token_rates, the cost curve): its arrays are a few dozen
     numbers, and in a round, right after the forwards, caches are cold and each numpy call costs
     several microseconds — a numpy verdict took ~320 us there, this one ~170 (bisect_left on the
@@ -209,11 +204,7 @@ class CostTable:
         measured point if it has one (at that point the two agree)."""
         if not self.verify_s:
             return None
-        if self._by_batch is None:
-            self._by_batch = {}
-            for (b, t), s in self.verify_s.items():
-                self._by_batch.setdefault(b, {})[t] = s
-        by_batch = self._by_batch
+        by_batch = self._grouped()
         own = by_batch.get(batch, {})
         if len(own) >= 2 or (own and np.all(np.isin(tokens, list(own)))):
             return interpolate(own, tokens)
@@ -223,6 +214,14 @@ class CostTable:
             (t0, s0), = own.items()
             est = est * (s0 / interpolate(by_batch[ref], t0 * batch / ref))
         return est
+
+    def _grouped(self) -> dict[int, dict[int, float]]:
+        """verify_s as batch -> {tokens: seconds} (rebuilt after a record)."""
+        if self._by_batch is None:
+            self._by_batch = {}
+            for (b, t), s in self.verify_s.items():
+                self._by_batch.setdefault(b, {})[t] = s
+        return self._by_batch
 
     def draft(self, batch: int) -> float | None:
         return interpolate(self.draft_s, batch) if self.draft_s else None
@@ -277,12 +276,12 @@ class CostTable:
             return None
         curve = self._curves.get(batch)
         if curve is None or len(curve) <= top:
-            curve = self._curves[batch] = self._curve(batch, max(top, AUTO_WIDTHS))
+            curve = self._curves[batch] = self._curve(batch, top)
         return curve
 
     def _curve(self, batch: int, top: int) -> list[float]:
         """[nan, round cost of width 1, ..., of width top] (see round_costs)."""
-        own = {t: s for (b, t), s in self.verify_s.items() if b == batch}
+        own = self._grouped().get(batch, {})
         widths = range(1, top + 1)
         verify = line(own, widths) if len(own) >= 2 else self.verify(batch, np.arange(1, top + 1)).tolist()
         base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
