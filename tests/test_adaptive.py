@@ -468,13 +468,16 @@ def test_server_auto_budget_reports_budgets(tiny_pair):
 
 
 def test_repeats_finds_an_earlier_occurrence_of_the_last_3gram_incrementally():
-    """The incremental check equals the definition at every length, prompt and output alike."""
-    from flashtree.speculative.adaptive import AutoState, repeats
+    """The incremental check equals the definition at every length, prompt and output alike,
+    whether it runs every round or catches up on many rounds at once (a regime whose repeat credit
+    is spent checks only when a round may draft)."""
+    from flashtree.speculative.adaptive import AutoState, repeats, setting
     rng = np.random.default_rng(0)
-    for _ in range(20):
+    for _ in range(30):
         toks = rng.integers(0, 4, size=40).tolist()
-        seq, st = FakeSeq(prompt=toks[:7]), AutoState()
-        for k in range(7, 41, int(rng.integers(1, 4))):  # tokens arrive a round's worth at a time
+        seq = FakeSeq(prompt=toks[:7])
+        st = AutoState(setting(seq))
+        for k in range(7, 41, int(rng.integers(1, 12))):  # a round's worth at a time, or many rounds
             seq.output_ids = toks[7:k]
             tail = tuple(toks[k - 3:k])
             want = any(tuple(toks[j:j + 3]) == tail for j in range(k - 3))
@@ -492,7 +495,7 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     calling probes in a regime where drafting rounds decided in repeating text lost tokens against
     plain decoding on the whole (one token of credit to start), and call them again once such
     rounds have gained more than they lost. In a batch, more than half its sequences must call one."""
-    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice, repeats
     ctl = AdaptiveBudget()
     ctl.costs = never_pays()
     ctl.starts[("ddtree", 0.0, 1)] = (32, 0)  # greedy ddtree requests alone start plain, next probe in 32
@@ -505,6 +508,7 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     paths = path_logprobs(tree)[1:]
 
     def drafted(seq, tau):  # the round costs 5 plain ones: it beat plain decoding when tau >= 5
+        repeats(seq, ctl.state(seq))  # as wants_draft does for a round that drafts (a probe, here)
         choice = Choice(6, 2.5, paths, 5.0)
         ctl.learn(seq, tree, list(range(tau)), choice)
         ctl.settle([(seq, choice, tau)])
@@ -525,17 +529,60 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     assert not ctl.wants_draft([loop(), calm(), calm()], 3)
     assert not ctl.wants_draft([loop(), loop(), calm(), calm()], 4)
     assert ctl.wants_draft([loop(), loop(), calm()], 3)
+    assert ctl.wants_draft([calm(), calm(), loop(), loop(), loop()], 5)
+    quiet = [calm(), calm(), calm(), loop(), loop()]  # once the rest cannot make a majority, they are not read
+    assert not ctl.wants_draft(quiet, 5) and [ctl.state(s).seen for s in quiet] == [5, 5, 5, 0, 0]
     # the gains are kept per batch size class: batches of 2-3 have their own (fresh: repeats call)
     assert set(ctl.repeat_gain) == {("ddtree", 0.0, 1)}
+
+
+def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
+    """The controller skips looking at a batch whose plain verdict stands (same sequences, no
+    repeat credit, no probe due yet): round by round its answers equal a controller that looks
+    every round — through probes that back off, a sequence leaving, and repeats once the regime's
+    credit is spent (a repeat probe that lost) and again after a drafting round that won it back."""
+    from flashtree.speculative.adaptive import PLAIN, AdaptiveBudget, Choice, regime, setting
+    tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
+    paths = path_logprobs(tree)[1:]
+    runs, looked = [], []
+    for memo in (True, False):
+        ctl = AdaptiveBudget(probe_every=4)
+        ctl.costs = never_pays()
+        seqs = [FakeSeq(prompt=[1, 2, 3, 4 + i], temperature=1.0) for i in range(4)]
+        ctl.repeat_gain[regime(setting(seqs[0]), 4)] = -1.5  # spent (one token of credit to start): no repeat calls
+        for i, s in enumerate(seqs):
+            st = ctl.state(s, 4)
+            st.probe_gap, st.undrafted, st.prefers_plain = 6 + 5 * i, i, True
+        answers, held = [], 0
+        for r in range(90):
+            batch = seqs if r < 50 else seqs[1:]  # the first one leaves at round 50
+            for s in batch:
+                s.output_ids.append([7, 8, 9][r % 3] if r >= 70 else 100 + r)  # repeating from round 70
+            if not memo:
+                ctl.steady = None
+            elif ctl.steady is not None and ctl.steady.seqs == batch:
+                held += 1
+            wants = ctl.wants_draft(batch, len(batch))
+            answers.append(wants)
+            choice = Choice(6, 2.5, paths, 1.2) if wants else PLAIN
+            tau = 6 if r >= 75 else 1  # every probe loses until round 75, then they win
+            for s in batch:
+                ctl.learn(s, tree, list(range(tau)) if wants else [0], choice)
+            ctl.settle([(s, choice, tau) for s in batch] if wants else [])
+        runs.append(answers)
+        looked.append(held)
+    assert runs[0] == runs[1] and 10 < sum(runs[0]) < 40
+    assert looked[0] > 30  # the verdict stood without a look in most plain rounds
 
 
 def test_a_regime_is_the_setting_and_the_batch_size_class():
     """Whether drafting pays depends on the batch (a drafting round costs ~2.8 plain rounds at
     batch 1 and ~4 at batch 8 on a 2-core CPU): what one regime learnt does not steer another."""
-    from flashtree.speculative.adaptive import regime
+    from flashtree.speculative.adaptive import regime, setting
     seq = FakeSeq()
-    assert [regime(seq, b)[-1] for b in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 2, 3, 3, 4, 4, 5]
-    assert regime(seq, 8)[:-1] == ("ddtree", 0.0) and regime(FakeSeq(temperature=1.0), 1) != regime(seq, 1)
+    key = setting(seq)
+    assert [regime(key, b)[-1] for b in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 2, 3, 3, 4, 4, 5]
+    assert regime(key, 8)[:-1] == ("ddtree", 0.0) and regime(setting(FakeSeq(temperature=1.0)), 1) != regime(key, 1)
 
 
 def test_a_setting_that_starts_plain_keeps_its_probe_clock_across_short_requests(models):

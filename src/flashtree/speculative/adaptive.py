@@ -55,7 +55,8 @@ PRIOR_HITS = PRIOR_COUNT * np.exp(BIN_CENTRES)  # ... and their pseudo-successes
 EDGES = BIN_EDGES.tolist()
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
-MAX_PROBE_GAP = 256     # ... a gap that doubles while probes do not pay, up to this
+MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (C=8: a probe that
+                        # feeds the drafter ~250 rows a sequence costs ~10 plain rounds; PROBE_LOSS asks ~500)
 PROBE_LOSS = 0.02       # and at least as long as keeps a probe's loss below 2 % of plain decoding's time
 INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
@@ -127,11 +128,12 @@ def setting(seq: Sequence) -> tuple:
     return (seq.method, 0.0) if p.greedy else (seq.method, p.temperature, p.top_k, p.top_p, p.min_p)
 
 
-def regime(seq: Sequence, batch: int) -> tuple:
-    """Its setting and the batch size class it runs in (1, 2-3, 4-7, 8-15, ...): whether drafting
-    pays depends on both — on a 2-core CPU a drafting round costs ~2.8 plain rounds at batch 1 and
-    ~4 at batch 8, so greedy repeats that beat plain decoding at C=1 lost at C=8."""
-    return setting(seq) + (batch.bit_length(),)
+def regime(key: tuple, batch: int) -> tuple:
+    """A sequence's setting (`key`, see `setting`) and the batch size class it runs in (1, 2-3,
+    4-7, 8-15, ...): whether drafting pays depends on both — on a 2-core CPU a drafting round costs
+    ~2.8 plain rounds at batch 1 and ~4 at batch 8, so greedy repeats that beat plain decoding at
+    C=1 lost at C=8."""
+    return key + (batch.bit_length(),)
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -347,7 +349,7 @@ def prefix(tree: DraftTree, nodes: int) -> DraftTree:
 
 
 # ---------------------------------------------------------------------------- the controller
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Choice:
     """One auto sequence's round: the nodes it verifies and the tau they are expected to give."""
     nodes: int
@@ -356,8 +358,12 @@ class Choice:
     break_even: float = 2.0    # the tau at which this round's measured cost matches plain decoding's rate
 
 
+PLAIN = Choice(0, 1.0, None)   # a plain round's choice (no draft: one token expected)
+
+
 @dataclass(slots=True)
 class AutoState:
+    setting: tuple                        # its sampling setting (see `setting`: a request's never changes)
     calibration: Calibration = field(default_factory=Calibration)
     last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
     undrafted: int = 0                    # rounds since it last drafted
@@ -369,7 +375,20 @@ class AutoState:
     seen: int = 0                         # committed tokens already in `grams`
     batch: int = 1                        # the size of the batch it last ran in
     repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
-                                          # this round's decision: `repeats` runs in wants_draft only)
+                                          # the last decision that read it: `repeats` runs in wants_draft
+                                          # only, for a round that may draft or a regime with repeat credit)
+
+
+@dataclass(slots=True)
+class Steady:
+    """A batch whose plain verdict stands without a look at its sequences' states: the same
+    sequences in a batch of the same size, for `rounds` more rounds — until the first of them is
+    due for a probe — unless repeats of `callers` (those with repeat credit) call one. Any drafting
+    round ends it (learn, settle: they change what the verdict read)."""
+    seqs: list
+    batch: int
+    rounds: int
+    callers: list   # [(seq, its AutoState)]
 
 
 def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
@@ -405,14 +424,16 @@ class AdaptiveBudget:
         # committed beyond what plain rounds would have in the same time (sum of tau - break-even):
         # a repeat calls a re-probe while REPEAT_PRIOR + gain > 0
         self.repeat_gain: dict[tuple, float] = {}
+        self.steady: Steady | None = None  # the last plain verdict, while it stands (see Steady)
 
     def state(self, seq: Sequence, batch: int | None = None) -> AutoState:
         """seq's state (created on first sight, in a batch of `batch`); its batch size noted."""
         st = self.states.get(seq)
         if st is None:
-            start = (self.starts.get(regime(seq, batch or 1)) if self.starts else None) or self._peers_clock(seq)
-            st = self.states[seq] = AutoState() if start is None else \
-                AutoState(probe_gap=start[0], undrafted=start[1], prefers_plain=True)
+            key = setting(seq)
+            start = (self.starts.get(regime(key, batch or 1)) if self.starts else None) or self._peers_clock(seq)
+            st = self.states[seq] = AutoState(key) if start is None else \
+                AutoState(key, probe_gap=start[0], undrafted=start[1], prefers_plain=True)
         if batch is not None:
             st.batch = batch
         return st
@@ -423,7 +444,7 @@ class AdaptiveBudget:
         drafting round would draft (and verify the widest tree) for the whole batch, and at C=8
         arrivals came often enough to make auto draft ~97 % of rounds there. Else None."""
         key = setting(seq)
-        peers = [st for s, st in self.states.items() if setting(s) == key]
+        peers = [st for st in self.states.values() if st.setting == key]
         if not peers or not all(st.prefers_plain for st in peers):
             return None
         st = max(peers, key=lambda st: (st.probe_gap or self.probe_every, st.undrafted))
@@ -433,19 +454,28 @@ class AdaptiveBudget:
     def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
-        repeat calling one (see _repeat_calls: the pass and the widest tree are paid by every
+        repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
         drafter's cost included."""
-        states = [self.state(s, batch) for s in seqs]
-        for s, st in zip(seqs, states):
-            repeats(s, st)
-        c = self.costs
-        if not c.measured or not c.draft_s or any(self._due(st) for st in states):
-            return True
-        if 2 * sum(self._repeat_calls(s, st) for s, st in zip(seqs, states)) > batch:
-            return True
-        if all(st.prefers_plain for st in states):  # no new curve since that verdict: it stands
+        hold = self.steady
+        if hold is not None and hold.rounds > 0 and hold.batch == batch and hold.seqs == seqs \
+                and not self._repeats_call(hold.callers, batch):
+            hold.rounds -= 1  # nothing else that verdict read has changed: it stands (a look: ~40 us at C=8)
             return False
+        self.steady = None
+        states = [self.state(s, batch) for s in seqs]
+        c = self.costs
+        # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
+        callers = [(s, st) for s, st in zip(seqs, states) if st.prefers_plain and self._credit(st)]
+        due = not c.measured or not c.draft_s or any(self._due(st) for st in states) \
+            or self._repeats_call(callers, batch)
+        if not due and all(st.prefers_plain for st in states):  # no new curve since that verdict: it
+            self.steady = Steady(list(seqs), batch, min(self._rounds_to_probe(st) for st in states) - 1, callers)
+            return False                                        # stands until the first of them is due
+        for s, st in zip(seqs, states):  # a round that may draft: settle reads whether each one's text repeats
+            repeats(s, st)
+        if due:
+            return True
         curves = [[1.0] if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
                   tau_curve(st.last_paths, st.calibration) for st in states]
         fixed = batch - len(seqs)
@@ -462,14 +492,30 @@ class AdaptiveBudget:
         every due sequence and resets all their gaps together)."""
         if st.last_paths is None and st.probe_gap is None:
             return True
-        return st.undrafted + 1 >= (st.probe_gap or self.probe_every)
+        return self._rounds_to_probe(st) <= 0
 
-    def _repeat_calls(self, seq: Sequence, st: AutoState) -> bool:
-        """A sequence decoding plainly while its text repeats itself calls for a probe, while
-        drafting in repeating text has gained tokens over plain decoding in its regime on the whole."""
-        if not (st.prefers_plain and st.repeats):
-            return False
-        return REPEAT_PRIOR + self.repeat_gain.get(regime(seq, st.batch), 0.0) > 0
+    def _rounds_to_probe(self, st: AutoState) -> int:
+        """Rounds after this one before st's probe gap has passed (<= 0: this round)."""
+        return (st.probe_gap or self.probe_every) - st.undrafted - 1
+
+    @staticmethod
+    def _repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
+        """More than half of a batch of `batch` are callers (plain-decoding sequences whose regime
+        has repeat credit, see _credit) whose text repeats itself; counting stops once the rest
+        could not make that majority (the others' n-grams catch up when they next matter)."""
+        need, left = batch // 2 + 1, len(callers)
+        for s, st in callers:
+            if need > left:
+                return False
+            need, left = need - repeats(s, st), left - 1
+            if need <= 0:
+                return True
+        return False
+
+    def _credit(self, st: AutoState) -> bool:
+        """Drafting rounds decided in repeating text have gained tokens over plain decoding on the
+        whole in st's regime (REPEAT_PRIOR to start with)."""
+        return REPEAT_PRIOR + self.repeat_gain.get(regime(st.setting, st.batch), 0.0) > 0
 
     def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
             ) -> tuple[list[DraftTree], list[Choice | None]]:
@@ -480,7 +526,7 @@ class AdaptiveBudget:
         if not auto:
             return trees, [None] * len(batch)
         if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
-            return trees, [Choice(0, 1.0, None) if s.auto else None for s in batch]
+            return trees, [PLAIN if s.auto else None for s in batch]
         paths = {b: path_logprobs(trees[b])[1:] for b in auto}  # [N_b] each (empty: not drafted)
         curves = {b: tau_curve(paths[b], self.state(batch[b], len(batch)).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
@@ -502,12 +548,16 @@ class AdaptiveBudget:
         """After the commit: the verified nodes train the calibration; the drafted tree is the
         next round's curve."""
         st = self.state(seq)
+        if choice is PLAIN:  # a plain round (most rounds where drafting does not pay): nothing to learn
+            st.undrafted += 1
+            return
         if tree.size > 1:
             accepted = np.zeros(tree.size, dtype=bool)
             accepted[path] = True
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
         if choice.paths is not None:  # it drafted: a fresh curve (the verdict on the probe: settle)
             st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
+            self.steady = None
         else:
             st.undrafted += 1
 
@@ -526,9 +576,10 @@ class AdaptiveBudget:
         accepted a node keep the whole batch probing every 8th round. A sequence's first drafted
         round gives it no verdict (its acceptance is not yet what it will be). What the round gained
         over plain decoding (mean tau - break_even) counts, per regime, for the sequences whose
-        text repeated (see _repeat_calls)."""
+        text repeated (see _credit)."""
         if not drafted:
             return
+        self.steady = None
         mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
         break_even = drafted[0][1].break_even
         verified = any(c.nodes > 0 for _, c, _ in drafted)
@@ -539,7 +590,7 @@ class AdaptiveBudget:
             st = self.state(seq)
             st.drafted += 1
             if st.repeats:
-                key = regime(seq, st.batch)
+                key = regime(st.setting, st.batch)
                 self.repeat_gain[key] = self.repeat_gain.get(key, 0.0) + mean_tau - break_even
             if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
                 continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
@@ -562,9 +613,9 @@ class AdaptiveBudget:
         if st is None or not seq.finished:  # preempted: it comes back with a fresh state
             return
         if (st.probe_gap or 0) >= INHERIT_GAP:
-            self.starts[regime(seq, st.batch)] = (st.probe_gap, min(st.undrafted, st.probe_gap - 1))
+            self.starts[regime(st.setting, st.batch)] = (st.probe_gap, min(st.undrafted, st.probe_gap - 1))
         else:
-            self.starts.pop(regime(seq, st.batch), None)
+            self.starts.pop(regime(st.setting, st.batch), None)
 
 
 # ----------------------------------------------------------------------------- seeding costs
