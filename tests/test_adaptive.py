@@ -282,7 +282,7 @@ def test_a_setting_where_drafting_did_not_pay_starts_the_next_request_plain(mode
     assert second[0] == 0 and second_passes < first_passes  # plain from round 0
     assert eng.adaptive.starts  # its probes did not pay either: the setting keeps starting plain
     sampled, sampled_passes = request(SamplingParams(temperature=1.0, max_tokens=100, ignore_eos=True))
-    assert sampled_passes >= 3  # another setting: it drafts in round 0 and probes afresh
+    assert sampled_passes >= 2  # another setting: it drafts in round 0 and probes afresh (after 8 rounds)
 
     # where drafts pay, every request drafts from its first round
     target_drafts(target)(eng)
@@ -330,7 +330,7 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     less doubles them; and a gap after a round that lost is at least its loss in plain rounds
     (break_even - tau) / PROBE_LOSS, so probing costs at most PROBE_LOSS of plain decoding."""
     from flashtree.speculative.adaptive import PROBE_LOSS, AdaptiveBudget, Choice
-    assert PROBE_LOSS == 0.02
+    assert PROBE_LOSS == 0.01
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
     ctl, seq = AdaptiveBudget(probe_every=8), FakeSeq()
@@ -343,27 +343,27 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
 
     probe([(seq, 2)])
     assert ctl.state(seq).probe_gap is None  # its first drafted round: no verdict (2 < 3 would back off)
-    probe([(seq, 2)], break_even=2.1)
-    assert ctl.state(seq).probe_gap == 8      # half-paid, losing 0.1 plain rounds: kept
+    probe([(seq, 2)], break_even=2.05)
+    assert ctl.state(seq).probe_gap == 8      # half-paid, losing 0.05 plain rounds: kept
     probe([(seq, 1)], break_even=1.1)
     assert ctl.state(seq).probe_gap == 16     # accepted nothing: doubled (its loss alone asks for 5)
     probe([(seq, 1)], break_even=1.1)
     assert ctl.state(seq).probe_gap == 32
     probe([(seq, 4)])
-    assert ctl.state(seq).probe_gap == 50     # half-paid, but it lost one plain round: 1 / 0.02
+    assert ctl.state(seq).probe_gap == 100    # half-paid, but it lost one plain round: 1 / 0.01
     probe([(seq, 5)])
     assert ctl.state(seq).probe_gap is None   # beat plain decoding
     probe([(seq, 1)], nodes=0, break_even=1.1)
     assert ctl.state(seq).probe_gap == 16     # verified nothing
     probe([(seq, 1)], nodes=0)
-    assert ctl.state(seq).probe_gap == 200    # ... and lost four plain rounds
+    assert ctl.state(seq).probe_gap == 400    # ... and lost four plain rounds
     batch = [FakeSeq() for _ in range(8)]
     probe([(s, 1) for s in batch])  # their first drafted round
     assert all(ctl.state(s).probe_gap is None for s in batch)
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=1.2)  # one of 8 did well: the mean,
     assert all(ctl.state(s).probe_gap is None for s in batch)              # 1.375, beats 1.2
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # mean 1.375 < 2: doubled, and
-    assert all(ctl.state(s).probe_gap == 82 for s in batch)                # its loss: (3 - 1.375) / 0.02
+    assert all(ctl.state(s).probe_gap == 163 for s in batch)               # its loss: (3 - 1.375) / 0.01
 
 
 def test_pending_features_join_only_when_read():
@@ -605,7 +605,8 @@ def test_a_setting_that_starts_plain_keeps_its_probe_clock_across_short_requests
     assert eng.adaptive.starts  # drafting did not pay: later requests start plain ...
     assert sum(f for f, _ in passes[3:]) <= 2, passes  # ... nearly all of them (a repeat may call a probe)
     total = sum(n for _, n in passes)
-    assert 5 <= total <= 14, passes  # ... and the setting still probes: 8, 16, 32, 64, 64 ...
+    assert 4 <= total <= 14, passes  # ... and the setting still probes: rounds 0, 8, 16, then (its gap,
+    assert any(n for _, n in passes[3:]), passes  # ~2 plain rounds lost / PROBE_LOSS, passed) in a later request
 
 
 def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():

@@ -56,8 +56,9 @@ EDGES = BIN_EDGES.tolist()
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
 MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (C=8: a probe that
-                        # feeds the drafter ~250 rows a sequence costs ~10 plain rounds; PROBE_LOSS asks ~500)
-PROBE_LOSS = 0.02       # and at least as long as keeps a probe's loss below 2 % of plain decoding's time
+                        # feeds the drafter ~250 rows a sequence costs ~10 plain rounds; PROBE_LOSS asks ~1,000)
+PROBE_LOSS = 0.01       # and at least as long as keeps a probe's loss below 1 % of plain decoding's time
+                        # (2 % was most of what auto cost against plain decoding where drafting never pays)
 INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
                         # greedy ddtree@8, 24 held-out prompts, 661 rounds: tau 4.39 after such a repeat
@@ -585,7 +586,7 @@ class AdaptiveBudget:
         verified = any(c.nodes > 0 for _, c, _ in drafted)
         paid = verified and mean_tau >= 1 + (break_even - 1) / 2
         beat = verified and mean_tau >= break_even  # faster than plain rounds, not just half-way
-        loss_gap = math.ceil((break_even - mean_tau) / PROBE_LOSS)  # the probe lost this many plain rounds x 50
+        loss_gap = math.ceil((break_even - mean_tau) / PROBE_LOSS)  # the probe lost this many plain rounds x 100
         for seq, _, _ in drafted:
             st = self.state(seq)
             st.drafted += 1
