@@ -556,7 +556,9 @@ class Engine:
         accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
-        if plain and feats is not None:
+        if feats is not None and not any(self.proposers[s.method].needs_drafter for s in batch):
+            feats = None                # no method of the round reads its tokens' features (ar, ngram)
+        elif plain and feats is not None:
             feats = feats.clone()       # [B, 1, F]: one copy for the round, each sequence keeps a view of it
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing

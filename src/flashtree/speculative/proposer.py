@@ -73,7 +73,8 @@ class Proposer:
 
     def on_commit(self, seq: Sequence, tree: DraftTree, path: list[int], feats: torch.Tensor | None) -> None:
         """The accepted nodes `path` of this round's `tree` (root first) are committed; feats
-        [tau, F] are theirs. Called before the round's tokens are appended to `seq`."""
+        [tau, F] are theirs (None in a round where no method needs the drafter). Called before the
+        round's tokens are appended to `seq`."""
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine: drop its state."""
