@@ -9,6 +9,7 @@ import torch
 from flashtree.config import DrafterConfig, ModelConfig
 from flashtree.models.drafter import DFlashDrafter
 from flashtree.models.loader import save_module
+from flashtree.speculative.adaptive import CostTable
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -90,3 +91,14 @@ def repetitive_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
         base = [rng.randrange(0, 95) for _ in range(rng.randint(1, 12))]
         out.append(base * rng.randint(2, 4) if i % 2 else base)
     return out
+
+
+def cost_table(fn, batches=(1,), widths=(1, 2, 4, 8, 16, 32, 64), draft=0.0, learn=True) -> CostTable:
+    """A cost table of fn(batch, tokens) seconds a target forward and `draft` seconds a drafter
+    pass; `learn=False` pins it (auto's choices then do not depend on this machine's timings)."""
+    c = CostTable(learn=learn)
+    for b in batches:
+        for t in widths:
+            c.record_verify(b, t, fn(b, t))
+        c.record_draft(b, draft)
+    return c

@@ -21,6 +21,7 @@ from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable,
                                             path_logprobs, prefix)
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
+from helpers import cost_table as table
 from serving import Running, metric
 from test_spec_greedy import prompts  # the same random prompts as the fixed-budget greedy checks
 
@@ -126,15 +127,6 @@ def test_round_costs_follow_every_record():
     c.observe(1, 4, 1, {"verify_forward": 4e-3, "draft": 1e-3, "verify_walk": 0.5e-3}, seconds=6.5e-3)
     assert c.round_cost(1, 4) == pytest.approx(4e-3 + 0.5e-3 + 1e-3)  # walk 0.2 + 3 rows x 0.1; overhead 1
     assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
-
-
-def table(fn, batches=(1,), widths=(1, 2, 4, 8, 16, 32, 64), draft=0.0, learn=True) -> CostTable:
-    c = CostTable(learn=learn)
-    for b in batches:
-        for t in widths:
-            c.record_verify(b, t, fn(b, t))
-        c.record_draft(b, draft)
-    return c
 
 
 def test_choose_tokens_weighs_expected_tokens_against_measured_cost():

@@ -17,6 +17,7 @@ mean-tau guard).
 from dataclasses import replace
 
 import pytest
+from helpers import cost_table
 
 from flashtree import SamplingParams
 from flashtree.exactness import (NEGATIVE_CONTROLS, P_MIN, Cell, check_cell, compare_with_plain,
@@ -160,6 +161,8 @@ def test_seeded_speculation_commits_seeded_plain_decodings_tokens(pair, batch):
     def outputs(method, budget):
         eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
                                                    max_model_len=32, max_budget=32))
+        if budget == "auto":  # pinned costs (a wide tree almost free): auto's choices do not hang on this machine's timings
+            eng.adaptive.costs = cost_table(lambda b, t: 1e-3 * (1 + 0.001 * t), (1, 2, 4, 512), draft=1e-5, learn=False)
         seqs = [eng.add_request(PROMPT[:1 + i % 3], replace(params[i % 2], seed=100 + i))
                 for i in range(24)]
         while eng.has_work():
@@ -174,5 +177,7 @@ def test_seeded_speculation_commits_seeded_plain_decodings_tokens(pair, batch):
         out, tau = outputs(method, budget)
         assert out == plain, (method, budget)
         # drafts were accepted, so the identity was tested (the random drafter's argmax chain, which
-        # dflash and a 1-node tree verify, is accepted least; auto may choose plain rounds)
-        assert tau > (1.1 if isinstance(budget, int) and budget > 1 or method == "ngram" else 1.0), (method, budget, tau)
+        # dflash and a 1-node tree verify, is accepted least; auto, on costs where a tree is almost
+        # free, drafts most rounds: τ 1.2-1.9 here)
+        wide = isinstance(budget, int) and budget > 1 or budget == "auto" or method == "ngram"
+        assert tau > (1.1 if wide else 1.0), (method, budget, tau)
