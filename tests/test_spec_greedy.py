@@ -1,6 +1,7 @@
 """Greedy speculative decoding (DFlash chains, DDTree trees) equals plain greedy decoding."""
 import random
 
+import numpy as np
 import pytest
 
 from flashtree import SamplingParams
@@ -52,6 +53,35 @@ def test_mixed_methods_in_one_batch_equal_ar(models):
         eng.step()
     assert [s.output_ids for s in seqs] == ref
     assert eng.stats["seqs_in_forwards"] > eng.stats["forwards"]  # rounds really were batched
+
+
+def test_pending_context_written_flat_drafts_as_padded_does(models):
+    """A pass whose pending context rows would be mostly padding (a long prompt joining short
+    ones) writes them to the drafter cache first as one flat batch: the same drafts, round by
+    round, as the padded pass, and greedy output still plain decoding's."""
+    target, drafter = models
+    rng = random.Random(7)
+    ps = [[rng.randrange(0, 95) for _ in range(n)] for n in (60, 2, 3, 50, 1, 4, 45, 2)]
+    ref, _ = run(models, "ar", ps=ps)
+    runs = {}
+    for waste in (0, 10**9):  # flat whenever any row would be padding / never
+        eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=8, max_batch_size=4, max_model_len=128))
+        eng.drafts.flat_context_waste = waste
+        drafts = []
+        eng.drafts.source = lambda seqs: drafts.append(eng.drafts.run(seqs)) or drafts[-1]  # (the drafts seam)
+        seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)) for p in ps]
+        while eng.has_work():
+            eng.step()
+        flat = sum(n for (kind, *_), n in eng.runner.shapes.items() if kind == "drafter_context")
+        runs[waste] = [s.output_ids for s in seqs], [s.metrics.accept_lengths for s in seqs], drafts, flat
+    (out_f, tau_f, drafts_f, flat_f), (out_p, tau_p, drafts_p, flat_p) = runs[0], runs[10**9]
+    assert out_f == out_p == ref
+    assert tau_f == tau_p  # (rows written one place off: the drafts change and so do the taus)
+    assert flat_f > 0 and flat_p == 0 and len(drafts_f) == len(drafts_p)
+    for f, p in zip(drafts_f, drafts_p):
+        assert [s.req_id for s in f] == [s.req_id for s in p]
+        for a, b in zip(f.values(), p.values()):
+            assert np.allclose(a.logprobs, b.logprobs, atol=1e-5) and (a.ids[:, 0] == b.ids[:, 0]).all()
 
 
 def test_greedy_and_seeded_runs_repeat_exactly(models):

@@ -212,6 +212,17 @@ class ModelRunner:
         self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
 
+    def write_drafter_context(self, feats: torch.Tensor, slots: np.ndarray, positions: np.ndarray) -> None:
+        """Write context rows of many sequences to the drafter cache as one flat batch (eager):
+        feats [N, F] of the logical rows positions [N] of cache slots [N]. A later `run_drafter`
+        then sees them as cached rows (its past_len past them)."""
+        N = feats.shape[0]
+        self.shapes["drafter_context", 1, N] += 1
+        pos = torch.from_numpy(positions).to(self.device)[None]                      # [1, N]
+        k, v = self.drafter.context_kv(feats[None], pos)                             # [L, 1, N, Hkv, D]
+        rows = self.blocks.rows(slots, positions[:, None]).reshape(1, N)              # physical, [1, N]
+        self.draft_cache.write(torch.from_numpy(rows).to(self.device), k, v)
+
     def _cols(self, n: int) -> torch.Tensor:
         """arange(n) on the device, n <= the cache's rows (a view of one kept buffer: an arange per
         forward costs more)."""

@@ -81,11 +81,21 @@ class DFlashDrafter(nn.Module):
         past = [(k_cache[i][rows], v_cache[i][rows]) for i in range(len(self.layers))]
         return self._run(block_embeds, block_pos, ctx_feats, ctx_pos, mask, past)
 
+    def context_kv(self, ctx_feats: torch.Tensor, ctx_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache rows of context features alone: ctx_feats [B, C, n*H] at positions ctx_pos
+        [B, C] -> k, v [L, B, C, Hkv, D]. A context row's K/V depend on its own features and
+        position only (no block, no other row), so rows of many sequences can go as one flat
+        batch [1, sum C, n*H] — no padding to the longest (see `DFlashDrafts.run`)."""
+        ctx = self.hidden_norm(self.fc(ctx_feats))
+        cos, sin = self.rotary_emb(ctx_pos, ctx.dtype)
+        kv = [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
     def _run(self, block_embeds, block_pos, ctx_feats, ctx_pos, mask, past):
         x = block_embeds
         rope_block = self.rotary_emb(block_pos, x.dtype)
         ctx, rope_ctx = None, None
-        if ctx_feats is not None and ctx_feats.shape[1] > 0:
+        if ctx_feats is not None and ctx_feats.shape[1] > 0:  # (context_kv's rows, as the layers project them)
             ctx = self.hidden_norm(self.fc(ctx_feats))
             rope_ctx = self.rotary_emb(ctx_pos, x.dtype)
         ks, vs = [], []
