@@ -71,6 +71,28 @@ def test_a_fully_cached_prompt_still_computes_its_last_token(models):
     assert eng.scheduler.prefix_hit_tokens == 36  # 9 pages: the 10th holds the token whose logits are needed
 
 
+def test_a_steps_prefill_chunks_pad_to_no_more_than_the_budget_and_change_no_token(models):
+    """A prefill forward computes (sequences x the longest chunk) rows: the budget counts those.
+    Prompts of 50, 40 and 5 tokens under a 64-row budget go as 32 + 32 (64 rows), not 50 + 14
+    (100 rows, 36 of them padding); every step stays within the budget, outputs unchanged."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(95) for _ in range(n)] for n in (50, 40, 5)]
+    ref = drain(engine(models, method="ar", enable_prefix_caching=False), prompts)
+    eng = engine(models, method="ar", max_batch_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    seqs = [eng.add_request(p, GREEDY) for p in prompts]
+    steps = []  # each prefill step's chunks
+    while eng.has_work():
+        before = [s.prefilled for s in seqs]
+        eng.step()
+        grown = [s.prefilled - b for s, b in zip(seqs, before) if s.prefilled > b]
+        if grown:
+            steps.append(grown)
+    assert [s.output_ids for s in seqs] == ref
+    assert steps[0] == [32, 32] and all(len(g) * max(g) <= 64 for g in steps), steps
+    # then 18 + 8 + 5 (54 rows); in order, filling the budget: 50 + 14 (100 rows), then 26 + 5 (52)
+    assert sum(len(g) * max(g) for g in steps) < 100 + 52
+
+
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
 def test_chunked_prefill_interleaves_with_running_rounds_and_changes_no_token(models, method):
     rng = random.Random(1)

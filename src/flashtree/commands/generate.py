@@ -47,8 +47,8 @@ def add_model_arguments(p) -> None:
                    help="shard the target over N ranks (torch.distributed: gloo on CPU, NCCL on CUDA); spawned "
                         "here, or one per process under torchrun (default 1)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="prompt tokens prefilled per step; longer prompts are prefilled in chunks between "
-                        "the running requests' rounds (default 256)")
+                   help="prompt rows prefilled per step (the chunks padded to the longest); longer prompts are "
+                        "prefilled in chunks between the running requests' rounds (default 256)")
 
 
 def add_sampling_arguments(p) -> None:

@@ -42,7 +42,7 @@ DEFAULT_BUDGET = AUTO  # ddtree and hybrid: a seeded sampled run still repeats e
                        # (each output position has its own uniform: sampling.Uniforms)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 MAX_PAGE_SIZE = 1024
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt tokens prefilled per step: a chunk costs ~3x a round on CPU (benchmarks/paged)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt rows prefilled per step (padding included): a chunk costs ~3x a round on CPU (benchmarks/paged)
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ class EngineConfig:
     page_size: int = 16              # KV cache rows per page
     kv_cache_tokens: int | None = None  # KV capacity in tokens; None = max_batch_size full-length sequences
     enable_prefix_caching: bool = True  # reuse cached pages of equal prompt prefixes
-    max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None = DEFAULT_...
+    max_num_batched_tokens: int | None = None  # prompt rows prefilled per step (padding included); None = DEFAULT_...
 
     def __post_init__(self):
         if self.method not in METHODS:

@@ -5,8 +5,9 @@ Each step, every running sequence that has finished its prefill gets the pages o
 write (its length plus its largest tree); when they do not fit, the most recently admitted
 sequence is preempted — its pages are let go (named ones stay in the prefix cache) and it goes
 back to the front of the queue, to be recomputed from its prompt and the tokens it already has.
-Then prompts are prefilled, oldest first, at most `max_num_batched_tokens` prompt tokens a step:
-a longer prompt is prefilled over several steps, interleaved with the running sequences' rounds.
+Then prompts are prefilled, oldest first, at most `max_num_batched_tokens` rows a step, padding
+included (see `chunks`): a longer prompt is prefilled over several steps, interleaved with the
+running sequences' rounds.
 A waiting request is admitted (FIFO, never skipped) when a slot is free and its prompt's pages
 fit; the pages its prompt shares with cached ones (prefix caching) are adopted, not computed.
 
@@ -30,6 +31,29 @@ class Schedule:
     preempted: list[Sequence] = field(default_factory=list)  # sent back to the queue this step
 
 
+def _rest(s: Sequence) -> int:
+    """Prompt tokens s has still to prefill."""
+    return len(s.cache_ids) - s.prefilled
+
+
+def chunks(prefilling: list[Sequence], budget: int) -> list[Sequence]:
+    """This step's prefills, oldest first, each with its `chunk` set: the first k sequences, k and
+    the chunk length T chosen for the most prompt tokens with k x T <= budget (each gets
+    min(its rest, T)). A prefill forward computes k x T rows — its chunks padded to the longest —
+    so the budget counts those: filling the budget with whatever came next (a 56-token tail
+    beside a 200-token chunk) had 32 % of the rows padding in a C=8 run of the held-out prompts."""
+    best, best_k, best_t, longest = 0, 0, 0, 0
+    for k, s in enumerate(prefilling[:budget], 1):
+        longest = max(longest, _rest(s))
+        t = min(longest, budget // k)
+        tokens = sum(min(_rest(c), t) for c in prefilling[:k])
+        if tokens > best:
+            best, best_k, best_t = tokens, k, t
+    for s in prefilling[:best_k]:
+        s.chunk = min(_rest(s), best_t)
+    return prefilling[:best_k]
+
+
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int,
                  round_rows: Callable[[Sequence], int], needs_draft: Callable[[Sequence], bool]):
@@ -47,23 +71,15 @@ class Scheduler:
             if s in self.running and s.decoding and not s.finished \
                     and self._reserve(s, s.length + self.round_rows(s), out):
                 out.decode.append(s)
-        budget = self.max_num_batched_tokens
-        for s in self.running:
-            if budget <= 0:
-                break
-            if not s.decoding and not s.finished:
-                budget -= self._chunk(s, budget, out)
-        while budget > 0 and self.waiting and len(self.running) < self.max_batch_size and self._admit(self.waiting[0]):
+        prefilling = [s for s in self.running if not s.decoding and not s.finished]
+        left = self.max_num_batched_tokens - sum(_rest(s) for s in prefilling)
+        while left > 0 and self.waiting and len(self.running) < self.max_batch_size and self._admit(self.waiting[0]):
             s = self.waiting.popleft()
             self.running.append(s)
-            budget -= self._chunk(s, budget, out)
+            prefilling.append(s)
+            left -= _rest(s)
+        out.prefills = chunks(prefilling, self.max_num_batched_tokens)
         return out
-
-    def _chunk(self, s: Sequence, budget: int, out: Schedule) -> int:
-        """Schedule the next chunk of s's prompt (its pages were reserved at admission)."""
-        s.chunk = min(len(s.cache_ids) - s.prefilled, budget)
-        out.prefills.append(s)
-        return s.chunk
 
     def _admit(self, s: Sequence) -> bool:
         """A slot for s, the cached pages of its prompt's prefix, and pages for the rest of it and
