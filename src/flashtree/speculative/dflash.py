@@ -144,11 +144,10 @@ class DFlashDrafts:
 
     def on_commit(self, seq: Sequence, feats: torch.Tensor) -> None:
         """Drop the rows the round's pass put in the cache; queue the committed tokens' features."""
-        p, n = self.pending.get(seq), self.fed.pop(seq, 0)
+        p = self.pending.get(seq)
         if p is None:
             p = self.pending[seq] = Pending()
-        if n:
-            p.drop(n)
+        p.drop(self.fed.pop(seq, 0))
         p.add(feats)
 
     def release(self, seq: Sequence) -> None:
