@@ -129,6 +129,25 @@ def test_round_costs_follow_every_record():
     assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
 
 
+def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_cost(models):
+    """The first drafting round after a prompt (or after plain rounds) feeds the drafter every
+    row since: a one-off the next drafting round does not pay, so it does not set the drafter's
+    cost; the steady round after it does. (Counted, a probe at C=1 made the drafter look 2-4x
+    dearer than it is and kept auto plain.)"""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=8, max_batch_size=1, max_model_len=128))
+    s = eng.add_request(list(range(1, 41)), SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    costs = eng.adaptive.costs
+    eng.step()  # the prefill, then a round whose drafter pass reads the 40-row prompt
+    assert s.metrics.rounds == 1 and costs.verify_s and not costs.draft_s
+    eng.step()  # at most block_size rows since: a steady pass
+    assert s.metrics.rounds == 2 and list(costs.draft_s) == [1]
+    c = CostTable()
+    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 5e-3}, 8e-3, caught_up=True)
+    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 1e-3}, 4e-3)
+    assert c.draft_s == {1: 1e-3} and c.overhead_s == {(1, True): pytest.approx(1e-3)}  # (its rest still counts)
+
+
 def test_choose_tokens_weighs_expected_tokens_against_measured_cost():
     curve = np.concatenate([[1.0], 1 + np.cumsum(np.full(31, 0.5))])  # every node: 50 % acceptance
     steep = table(lambda b, t: 1e-3 * t)                 # each token costs as much as a plain step

@@ -108,6 +108,8 @@ class RoundOutput:
     feats: torch.Tensor | None      # drafter features of every node [B, T, F]
     choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
     drafted: int                    # sequences the drafter pass ran for
+    caught_up: bool = False         # the drafter pass fed a sequence more context rows than a drafting round
+                                    # leaves (its prompt, or what it decoded plainly since): not a steady pass
 
 
 @dataclass(slots=True)
@@ -356,7 +358,8 @@ class Engine:
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
                 out = parts[0][1]
                 spent = time.perf_counter() - t0 - sum(self.round_times.get(k, 0.0) for k in ("seed_costs", "prefill"))
-                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times, spent)
+                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times, spent,
+                                            out.caught_up)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
                     entry["times"] = dict(self.round_times)
@@ -368,6 +371,8 @@ class Engine:
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)
+        fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
+        caught_up = any(fed.get(s, 0) > s.block_size for s in batch)
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted)  # auto: cut to size
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
@@ -376,7 +381,7 @@ class Engine:
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits, feats = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-        return RoundOutput(trees, vin, vout, feats, choices, drafted)
+        return RoundOutput(trees, vin, vout, feats, choices, drafted, caught_up)
 
     def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
         """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all

@@ -295,17 +295,21 @@ class CostTable:
         return [math.nan] + [v + base + row * batch * (w - 1) + (plain if w == 1 else wide)
                              for w, v in zip(widths, verify)]
 
-    def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float) -> None:
+    def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float,
+                caught_up: bool = False) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
         `seconds` (the step's, less its prefill): the verify forward at its shape, the drafter
-        pass and tree build at the number of sequences it drafted (if any), the sampling walk
-        (it grows with the rows verified), and all the rest — packing, commit, scheduling,
-        Python — which a plain round pays too."""
+        pass and tree build at the number of sequences it drafted (if any) — unless the pass
+        `caught_up` on a long context (a prompt, or what was decoded plainly since the last
+        drafting round: a one-off, which a drafting round after it does not pay; counted, a probe
+        at C=1 set the drafter's cost to 2.4-3.9 ms against a steady pass's ~1, and kept auto
+        plain) — the sampling walk (it grows with the rows verified), and all the rest —
+        packing, commit, scheduling, Python — which a plain round pays too."""
         if not self.learn or "verify_forward" not in times:
             return
         self.record_verify(batch, tokens, times["verify_forward"])
         draft = times.get("draft", 0.0) + times.get("tree", 0.0)
-        if drafted:
+        if drafted and not caught_up:
             self.record_draft(drafted, draft)
         walk = times.get("verify_walk", 0.0)
         self.record_walk(batch, tokens, walk)
