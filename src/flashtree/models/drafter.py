@@ -23,13 +23,11 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_block, rope_ctx, mask: torch.Tensor | None, past: tuple | None = None):
-        """Keys are [past rows, context, block] under `mask`; returns (x, context k, v or None)."""
+    def forward(self, x, kc, vc, rope_block, mask: torch.Tensor | None, past: tuple | None = None):
+        """Keys are [past rows, context kc/vc (or None), block] under `mask`; returns x."""
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.project(h, *rope_block)
-        kc = vc = None
-        if ctx is not None:
-            kc, vc = self.self_attn.project_kv(ctx, *rope_ctx)
+        if kc is not None:
             k, v = torch.cat([kc, k], dim=1), torch.cat([vc, v], dim=1)
         if isinstance(past, Paged):  # the CPU kernel reads the cached rows in place
             attn = self.self_attn.attend_paged(q, k, v, past)
@@ -38,7 +36,7 @@ class DrafterLayer(nn.Module):
                 k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
             attn = self.self_attn.attend(q, k, v, mask)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), kc, vc
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashDrafter(nn.Module):
@@ -94,17 +92,15 @@ class DFlashDrafter(nn.Module):
     def _run(self, block_embeds, block_pos, ctx_feats, ctx_pos, mask, past):
         x = block_embeds
         rope_block = self.rotary_emb(block_pos, x.dtype)
-        ctx, rope_ctx = None, None
-        if ctx_feats is not None and ctx_feats.shape[1] > 0:  # (context_kv's rows, as the layers project them)
-            ctx = self.hidden_norm(self.fc(ctx_feats))
-            rope_ctx = self.rotary_emb(ctx_pos, x.dtype)
-        ks, vs = [], []
+        kc = vc = None
+        if ctx_feats is not None and ctx_feats.shape[1] > 0:
+            kc, vc = self.context_kv(ctx_feats, ctx_pos)                      # [L, B, C, Hkv, D]
         for i, layer in enumerate(self.layers):
-            x, kc, vc = layer(x, ctx, rope_block, rope_ctx, mask, None if past is None else past[i])
-            ks.append(kc), vs.append(vc)
-        if past is None or ctx is None:
+            x = layer(x, None if kc is None else kc[i], None if vc is None else vc[i], rope_block, mask,
+                      None if past is None else past[i])
+        if past is None or kc is None:
             return self.norm(x), None, None
-        return self.norm(x), torch.stack(ks), torch.stack(vs)
+        return self.norm(x), kc, vc
 
     def fuse(self) -> "DFlashDrafter":
         """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
