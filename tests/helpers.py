@@ -102,3 +102,11 @@ def cost_table(fn, batches=(1,), widths=(1, 2, 4, 8, 16, 32, 64), draft=0.0, lea
             c.record_verify(b, t, fn(b, t))
         c.record_draft(b, draft)
     return c
+
+
+def pin(fn, draft=3e-4, batches=(1, 2, 4, 512)):
+    """A patch pinning the engine's costs to fn(batch, tokens) seconds (no online refresh): the
+    choices become deterministic. Set through the engine's public cost table."""
+    def patch(eng):
+        eng.adaptive.costs = cost_table(fn, batches, draft=draft, learn=False)
+    return patch

@@ -21,7 +21,7 @@ from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable,
                                             path_logprobs, prefix)
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
-from helpers import cost_table as table
+from helpers import cost_table as table, pin
 from serving import Running, metric
 from test_spec_greedy import prompts  # the same random prompts as the fixed-budget greedy checks
 
@@ -185,14 +185,6 @@ def test_greedy_auto_equals_ar(models, batch):
     for m in metrics:
         assert len(m.budgets) == len(m.predicted_taus) == m.rounds > 0
         assert all(0 <= n <= 32 for n in m.budgets) and all(p >= 1.0 for p in m.predicted_taus)
-
-
-def pin(fn, draft=3e-4, batches=(1, 2, 4, 512)):
-    """A patch pinning the engine's costs to fn(batch, tokens) seconds (no online refresh): the
-    choices become deterministic. Set through the engine's public cost table."""
-    def patch(eng):
-        eng.adaptive.costs = table(fn, batches, draft=draft, learn=False)
-    return patch
 
 
 pinned = pin(lambda b, t: 1e-3 * (1 + 0.06 * t))  # a tree pays, but not an arbitrarily wide one

@@ -17,7 +17,7 @@ mean-tau guard).
 from dataclasses import replace
 
 import pytest
-from helpers import cost_table
+from helpers import pin
 
 from flashtree import SamplingParams
 from flashtree.exactness import (NEGATIVE_CONTROLS, P_MIN, Cell, check_cell, compare_with_plain,
@@ -162,7 +162,7 @@ def test_seeded_speculation_commits_seeded_plain_decodings_tokens(pair, batch):
         eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
                                                    max_model_len=32, max_budget=32))
         if budget == "auto":  # pinned costs (a wide tree almost free): auto's choices do not hang on this machine's timings
-            eng.adaptive.costs = cost_table(lambda b, t: 1e-3 * (1 + 0.001 * t), (1, 2, 4, 512), draft=1e-5, learn=False)
+            pin(lambda b, t: 1e-3 * (1 + 0.001 * t), draft=1e-5)(eng)
         seqs = [eng.add_request(PROMPT[:1 + i % 3], replace(params[i % 2], seed=100 + i))
                 for i in range(24)]
         while eng.has_work():
