@@ -143,9 +143,42 @@ def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_co
     eng.step()  # at most block_size rows since: a steady pass
     assert s.metrics.rounds == 2 and list(costs.draft_s) == [1]
     c = CostTable()
-    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 5e-3}, 8e-3, caught_up=True)
+    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 5e-3}, 8e-3, caught_up=32)
+    assert not c.draft_s and c.context_row_s is None  # no steady pass to compare it with yet
     c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 1e-3}, 4e-3)
     assert c.draft_s == {1: 1e-3} and c.overhead_s == {(1, True): pytest.approx(1e-3)}  # (its rest still counts)
+    # a later catch-up: what it cost beyond a steady pass, per row
+    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 4e-3, "tree": 1e-3}, 8e-3, caught_up=100)
+    assert c.draft_s == {1: 1e-3} and c.context_row_s == pytest.approx(4e-5)
+    assert c.catch_up(50) == pytest.approx(2e-3) and c.catch_up(0) == 0.0 and CostTable().catch_up(50) == 0.0
+
+
+def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
+    """The context rows a drafter pass would first feed (what its sequences decoded plainly since
+    they last drafted) are part of that round's cost: a curve that beats plain decoding with a
+    steady pass does not when the pass must catch up first (at C=8 auto re-drafted on stale curves
+    at ~2x the cost it predicted), and a probe's break-even is what the probe cost."""
+    from flashtree.speculative.adaptive import AdaptiveBudget
+    ctl = AdaptiveBudget()
+    ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=1e-3, learn=False)  # steady round: ~2 plain ones
+    ctl.costs.context_row_s = 5e-5
+    seq = FakeSeq(prompt=[1, 2, 3, 4, 5])
+    seq.auto = True
+    tree = build_ddtree(0, *drafts(L=4, K=3, seed=1), budget=8)
+    st = ctl.state(seq, 1)
+    st.last_paths, st.probe_gap, st.undrafted = path_logprobs(tree)[1:], 64, 0  # a fresh curve, no probe due
+    for _ in range(20):                                                         # ... whose nodes were all accepted
+        st.calibration.update(st.last_paths, np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
+    assert ctl.wants_draft([seq], 1, catch_up=0)
+    ctl.steady = None
+    assert ctl.wants_draft([seq], 1, catch_up=20)        # 1 ms more: still pays
+    ctl.steady = None
+    assert not ctl.wants_draft([seq], 1, catch_up=400)   # 20 ms more: plain is faster
+    # fit: the round's break-even counts the rows it caught up on
+    _, (steady,) = ctl.fit([seq], [tree], 1)
+    _, (probe,) = ctl.fit([seq], [tree], 1, caught_up=400)
+    plain = ctl.costs.round_cost(1, 1)
+    assert probe.break_even == pytest.approx(steady.break_even + 400 * 5e-5 / plain)
 
 
 def test_choose_tokens_weighs_expected_tokens_against_measured_cost():

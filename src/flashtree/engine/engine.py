@@ -108,8 +108,8 @@ class RoundOutput:
     feats: torch.Tensor | None      # drafter features of every node [B, T, F]
     choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
     drafted: int                    # sequences the drafter pass ran for
-    caught_up: bool = False         # the drafter pass fed a sequence more context rows than a drafting round
-                                    # leaves (its prompt, or what it decoded plainly since): not a steady pass
+    caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
+                                    # prompt, or what it decoded plainly since it last drafted): 0 = a steady pass
 
 
 @dataclass(slots=True)
@@ -372,8 +372,8 @@ class Engine:
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)
         fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
-        caught_up = any(fed.get(s, 0) > s.block_size for s in batch)
-        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted)  # auto: cut to size
+        caught_up = sum(max(fed.get(s, 0) - s.block_size, 0) for s in batch)
+        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted, caught_up)  # auto: cut to size
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "
@@ -388,9 +388,15 @@ class Engine:
         auto and their curves predict plain decoding is faster, drafter cost included."""
         auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
         if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
-                or self.adaptive.wants_draft(auto, len(batch)):
+                or self.adaptive.wants_draft(auto, len(batch), self._catch_up_rows(auto)):
             return depths
         return [0 if s.auto else d for s, d in zip(batch, depths)]
+
+    def _catch_up_rows(self, seqs: list[Sequence]) -> int:
+        """Context rows a drafter pass for `seqs` would feed beyond a block's worth a sequence."""
+        if self.drafts is None:
+            return 0
+        return sum(max(self.drafts.pending_rows(s) - s.block_size, 0) for s in seqs)
 
     def _seed_costs(self) -> None:
         """Before the first auto sequence is admitted: time real forwards on free slots."""

@@ -178,6 +178,7 @@ class CostTable:
                                                                           # round (wide: verified > 1 token/seq)
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
+    context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
     learn: bool = True
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
     _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
@@ -229,6 +230,18 @@ class CostTable:
 
     def draft(self, batch: int) -> float | None:
         return interpolate(self.draft_s, batch) if self.draft_s else None
+
+    def record_catch_up(self, rows: int, secs: float) -> None:
+        """A drafter pass that caught up on `rows` context rows cost `secs` more than a steady pass."""
+        per_row = secs / rows
+        old = self.context_row_s
+        self.context_row_s = per_row if old is None else (1 - COST_EMA) * old + COST_EMA * per_row
+
+    def catch_up(self, rows: int) -> float:
+        """What a drafter pass costs beyond a steady one for `rows` context rows it must first
+        catch up on (decoded plainly since the sequence's last drafting round, beyond a block's
+        worth): each goes through the drafter's context projection and K/V (0 until measured)."""
+        return rows * self.context_row_s if rows and self.context_row_s else 0.0
 
     def overhead(self, batch: int, tokens=1):
         """The rest of a round of `batch` sequences x `tokens` (a number or an array): a plain
@@ -296,21 +309,24 @@ class CostTable:
                              for w, v in zip(widths, verify)]
 
     def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float,
-                caught_up: bool = False) -> None:
+                caught_up: int = 0) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
-        `seconds` (the step's, less its prefill): the verify forward at its shape, the drafter
-        pass and tree build at the number of sequences it drafted (if any) — unless the pass
-        `caught_up` on a long context (a prompt, or what was decoded plainly since the last
-        drafting round: a one-off, which a drafting round after it does not pay; counted, a probe
-        at C=1 set the drafter's cost to 2.4-3.9 ms against a steady pass's ~1, and kept auto
-        plain) — the sampling walk (it grows with the rows verified), and all the rest —
-        packing, commit, scheduling, Python — which a plain round pays too."""
+        `seconds` (the step's, less its prefill): the verify forward at its shape; the drafter
+        pass and tree build at the number of sequences it drafted (if any) — or, when the pass
+        `caught_up` on that many context rows (a prompt, or what was decoded plainly since the
+        last drafting round, beyond a block's worth a sequence), what it cost beyond a steady
+        pass, per row (counted as the drafter's cost, a probe at C=1 set it to 2.4-3.9 ms against a
+        steady pass's ~1 and kept auto plain; not counted at all, auto at C=8 re-drafted on stale
+        curves at ~2x the cost it predicted); the sampling walk (it grows with the rows verified);
+        and all the rest — packing, commit, scheduling, Python — which a plain round pays too."""
         if not self.learn or "verify_forward" not in times:
             return
         self.record_verify(batch, tokens, times["verify_forward"])
         draft = times.get("draft", 0.0) + times.get("tree", 0.0)
         if drafted and not caught_up:
             self.record_draft(drafted, draft)
+        elif drafted and self.draft_s:
+            self.record_catch_up(caught_up, max(draft - self.draft(drafted), 0.0))
         walk = times.get("verify_walk", 0.0)
         self.record_walk(batch, tokens, walk)
         self.record_overhead(batch, tokens, max(seconds - times["verify_forward"] - draft - walk, 0.0))
@@ -457,12 +473,13 @@ class AdaptiveBudget:
         gap = st.probe_gap or self.probe_every
         return gap, min(st.undrafted, gap - 1)
 
-    def wants_draft(self, seqs: list[Sequence], batch: int) -> bool:
+    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: int = 0) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
         repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
-        drafter's cost included."""
+        drafter's cost included — with the `catch_up` context rows the pass would first feed
+        (what the sequences decoded plainly since they last drafted), which this round pays."""
         hold = self.steady
         if hold is not None and hold.rounds > 0 and hold.batch == batch and hold.seqs == seqs \
                 and not self._repeats_call(hold.callers, batch):
@@ -485,7 +502,7 @@ class AdaptiveBudget:
         curves = [[1.0] if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
                   tau_curve(st.last_paths, st.calibration) for st in states]
         fixed = batch - len(seqs)
-        spec = token_rates(curves, c, batch, c.draft(batch), floor=2, fixed=fixed)
+        spec = token_rates(curves, c, batch, c.draft(batch) + c.catch_up(catch_up), floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
         wants = bool(spec) and max(r for _, r in spec) > plain
         for st in states:
@@ -523,10 +540,11 @@ class AdaptiveBudget:
         whole in st's regime (REPEAT_PRIOR to start with)."""
         return REPEAT_PRIOR + self.repeat_gain.get(regime(st.setting, st.batch), 0.0) > 0
 
-    def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int
+    def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int, caught_up: int = 0
             ) -> tuple[list[DraftTree], list[Choice | None]]:
         """Pick the round's forward width and cut each auto sequence's tree to it. `drafted`: the
-        sequences the drafter pass ran for (its cost counts). Returns the trees and, per
+        sequences the drafter pass ran for (its cost counts, with the `caught_up` context rows it
+        fed first: a probe's break-even is what the probe cost). Returns the trees and, per
         sequence, its `Choice` (None for a sequence with a fixed budget)."""
         auto = [b for b, s in enumerate(batch) if s.auto]
         if not auto:
@@ -536,7 +554,7 @@ class AdaptiveBudget:
         paths = {b: path_logprobs(trees[b])[1:] for b in auto}  # [N_b] each (empty: not drafted)
         curves = {b: tau_curve(paths[b], self.state(batch[b], len(batch)).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
-        draft_cost = (self.costs.draft(drafted) or 0.0) if drafted else 0.0
+        draft_cost = (self.costs.draft(drafted) or 0.0) + self.costs.catch_up(caught_up) if drafted else 0.0
         T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
                           fixed=len(batch) - len(auto))
         plain, spent = self.costs.round_cost(len(batch), 1), self.costs.round_cost(len(batch), T)

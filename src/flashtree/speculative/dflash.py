@@ -137,6 +137,11 @@ class DFlashDrafts:
         self.pending.setdefault(seq, Pending()).add(feats)
         self.fed.pop(seq, None)
 
+    def pending_rows(self, seq: Sequence) -> int:
+        """Context rows of seq a pass would feed first (0: none, or not a drafter sequence)."""
+        p = self.pending.get(seq)
+        return 0 if p is None else p.rows
+
     def cached_rows(self, seq: Sequence) -> int | None:
         """Rows of seq's drafter context cache that are written (None: not a drafter sequence)."""
         p = self.pending.get(seq)
