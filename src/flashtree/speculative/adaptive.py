@@ -9,8 +9,9 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
   accepted path). Per sequence is per temperature setting: a request's sampling never changes.
 - `tau_curve`: E[tau | N] = 1 + the calibrated probabilities of the first N nodes summed. Trees
   are in best-first pop order, so the first N nodes of a budget-M tree are the budget-N tree.
-- `CostTable` (one per engine): measured seconds of the drafter pass by batch size, of the verify
-  forward by (batch size, tokens per sequence) and of the rest of a round by batch size; seeded
+- `CostTable` (one per engine): measured seconds of the drafter pass by batch size (and per
+  context row it must first catch up on), of the verify forward by (batch size, tokens per
+  sequence) and of the rest of a round by batch size; seeded
   by timing real forwards on free cache slots (`seed_costs`) and refreshed online from the
   engine's per-round phase times (an EMA). No hand-written constants.
 - `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding) maximising the batch's
