@@ -557,6 +557,8 @@ class Engine:
     def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
         """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
         copy of its verify results)."""
+        if all(s.uniforms is None for s in batch):  # all greedy: the argmax needs no row depths or spans
+            return vin.scatter(argmax_rows(logits))
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
