@@ -388,7 +388,7 @@ class Engine:
         auto and their curves predict plain decoding is faster, drafter cost included."""
         auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
         if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
-                or self.adaptive.wants_draft(auto, len(batch), self._catch_up_rows(auto)):
+                or self.adaptive.wants_draft(auto, len(batch), lambda: self._catch_up_rows(auto)):
             return depths
         return [0 if s.auto else d for s, d in zip(batch, depths)]
 

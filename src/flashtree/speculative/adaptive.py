@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -474,13 +475,14 @@ class AdaptiveBudget:
         gap = st.probe_gap or self.probe_every
         return gap, min(st.undrafted, gap - 1)
 
-    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: int = 0) -> bool:
+    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: Callable[[], int] | None = None) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
         repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
-        drafter's cost included — with the `catch_up` context rows the pass would first feed
-        (what the sequences decoded plainly since they last drafted), which this round pays."""
+        drafter's cost included — with the context rows the pass would first feed (`catch_up()`:
+        what the sequences decoded plainly since they last drafted; asked only when the curves
+        are compared), which this round pays."""
         hold = self.steady
         if hold is not None and hold.rounds > 0 and hold.batch == batch and hold.seqs == seqs \
                 and not self._repeats_call(hold.callers, batch):
@@ -503,7 +505,8 @@ class AdaptiveBudget:
         curves = [[1.0] if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
                   tau_curve(st.last_paths, st.calibration) for st in states]
         fixed = batch - len(seqs)
-        spec = token_rates(curves, c, batch, c.draft(batch) + c.catch_up(catch_up), floor=2, fixed=fixed)
+        draft = c.draft(batch) + c.catch_up(catch_up() if catch_up else 0)
+        spec = token_rates(curves, c, batch, draft, floor=2, fixed=fixed)
         plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
         wants = bool(spec) and max(r for _, r in spec) > plain
         for st in states:
