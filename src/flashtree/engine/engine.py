@@ -99,6 +99,17 @@ def _int_in(x, lo: int, hi: int | None = None) -> bool:
     return not isinstance(x, bool) and isinstance(x, int) and lo <= x and (hi is None or x <= hi)
 
 
+def beyond_blocks(seqs: list[Sequence], rows) -> int:
+    """The context rows a drafter pass catches up on: what each sequence feeds it (rows(s)) beyond
+    a block's worth — a steady drafting round feeds at most its accepted path."""
+    return sum(max(rows(s) - s.block_size, 0) for s in seqs)
+
+
+def all_greedy(seqs: list[Sequence]) -> bool:
+    """Every sequence decodes greedily (no seeded uniforms): the sampling pipeline is the argmax."""
+    return all(s.uniforms is None for s in seqs)
+
+
 @dataclass(slots=True)
 class RoundOutput:
     """Everything of a round before its commit (`Engine._round`)."""
@@ -372,7 +383,7 @@ class Engine:
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)
         fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
-        caught_up = sum(max(fed.get(s, 0) - s.block_size, 0) for s in batch)
+        caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted, caught_up)  # auto: cut to size
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
@@ -393,10 +404,8 @@ class Engine:
         return [0 if s.auto else d for s, d in zip(batch, depths)]
 
     def _catch_up_rows(self, seqs: list[Sequence]) -> int:
-        """Context rows a drafter pass for `seqs` would feed beyond a block's worth a sequence."""
-        if self.drafts is None:
-            return 0
-        return sum(max(self.drafts.pending_rows(s) - s.block_size, 0) for s in seqs)
+        """Context rows a drafter pass for `seqs` would catch up on (see `beyond_blocks`)."""
+        return 0 if self.drafts is None else beyond_blocks(seqs, self.drafts.pending_rows)
 
     def _seed_costs(self) -> None:
         """Before the first auto sequence is admitted: time real forwards on free slots."""
@@ -524,8 +533,8 @@ class Engine:
         """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]. Row r is drawn with
         the u of output position len(output_ids) + depths[r] (depths [R] on the device;
         deepest[i]: seqs[i]'s largest), so a token's draw never depends on the round's shape."""
-        if all(s.uniforms is None for s in seqs):
-            return argmax_rows(logits)  # all greedy: the pipeline is the argmax
+        if all_greedy(seqs):
+            return argmax_rows(logits)  # the pipeline is the argmax
         ps = [s.params for s in seqs]
         temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                                          [p.min_p for p in ps])
@@ -557,7 +566,7 @@ class Engine:
     def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
         """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
         copy of its verify results)."""
-        if all(s.uniforms is None for s in batch):  # all greedy: the argmax needs no row depths or spans
+        if all_greedy(batch):  # the argmax needs no row depths or spans
             return vin.scatter(argmax_rows(logits))
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
