@@ -402,6 +402,42 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     assert all(ctl.state(s).probe_gap == 163 for s in batch)               # its loss: (3 - 1.375) / 0.01
 
 
+def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain():
+    """The sequences of one drafting round leave it with one probe gap — the largest of theirs,
+    then doubled or kept by the shared verdict — so a batch whose sequences came in with different
+    gaps probes again when that gap has passed, not when the first of them is due. A sequence that
+    started plain on a passed-on probe clock is judged by its first drafted round (it comes
+    mid-text); one that started by drafting is not."""
+    from flashtree.speculative.adaptive import MAX_PROBE_GAP, AdaptiveBudget, Choice, regime, setting
+    tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
+    paths = path_logprobs(tree)[1:]
+    ctl = AdaptiveBudget(probe_every=8)
+
+    def probe(seqs_taus, break_even=5.0):
+        choice = Choice(6, 2.5, paths, break_even)
+        for s, tau in seqs_taus:
+            ctl.learn(s, tree, list(range(tau)), choice)
+        ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
+
+    old = [FakeSeq(prompt=[1, 2, 3 + i]) for i in range(3)]
+    for s, gap in zip(old, (170, 872, None)):
+        st = ctl.state(s, 8)
+        st.drafted, st.probe_gap = 2, gap
+    probe([(s, 2) for s in old], break_even=4.0)  # mean 2 < 2.5: unpaid, doubled from the largest (872)
+    assert [ctl.state(s).probe_gap for s in old] == [1744 if MAX_PROBE_GAP > 1744 else MAX_PROBE_GAP] * 3
+    probe([(s, 3) for s in old], break_even=4.0)  # half paid: kept, and at least its loss (1 / 0.01)
+    assert len({ctl.state(s).probe_gap for s in old}) == 1
+    probe([(s, 4) for s in old], break_even=4.0)  # beat plain decoding: every gap back to probe_every
+    assert [ctl.state(s).probe_gap for s in old] == [None] * 3
+
+    fresh = FakeSeq(prompt=[9, 9, 9])
+    ctl.starts[regime(setting(fresh), 8)] = (64, 10)  # its regime passes on a clock: it starts plain
+    inherited, drafting = ctl.state(fresh, 8), ctl.state(FakeSeq(prompt=[8, 8, 8], temperature=1.0), 8)
+    assert inherited.started_plain and inherited.probe_gap == 64 and not drafting.started_plain
+    probe([(fresh, 1)], break_even=3.0)           # its first probe lost: judged (doubled, and its loss: 200)
+    assert inherited.probe_gap == 200
+
+
 def test_pending_features_join_only_when_read():
     """A sequence's queued drafter features: rows appended per round, joined once, the fed rows dropped."""
     import torch
@@ -607,7 +643,7 @@ def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
             ctl.settle([(s, choice, tau) for s in batch] if wants else [])
         runs.append(answers)
         looked.append(held)
-    assert runs[0] == runs[1] and 10 < sum(runs[0]) < 40
+    assert runs[0] == runs[1] and 8 < sum(runs[0]) < 40  # (10 drafting rounds: probes, then the wins)
     assert looked[0] > 30  # the verdict stood without a look in most plain rounds
 
 

@@ -395,6 +395,7 @@ class AutoState:
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
     drafted: int = 0                      # rounds it drafted in
+    started_plain: bool = False           # it began on plain rounds with a probe clock passed on (see state)
     grams: set = field(default_factory=set)  # the REPEAT_NGRAM-grams of its committed tokens so far
     seen: int = 0                         # committed tokens already in `grams`
     batch: int = 1                        # the size of the batch it last ran in
@@ -457,7 +458,7 @@ class AdaptiveBudget:
             key = setting(seq)
             start = (self.starts.get(regime(key, batch or 1)) if self.starts else None) or self._peers_clock(seq)
             st = self.states[seq] = AutoState(key) if start is None else \
-                AutoState(key, probe_gap=start[0], undrafted=start[1], prefers_plain=True)
+                AutoState(key, probe_gap=start[0], undrafted=start[1], prefers_plain=True, started_plain=True)
         if batch is not None:
             st.batch = batch
         return st
@@ -592,19 +593,21 @@ class AdaptiveBudget:
     def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
         """After a round's commits: (sequence, its choice, its tau) for each auto sequence that
         drafted. The drafter ran for all of them at once, so they share one verdict on their mean
-        tau: a round that beat plain decoding (it verified draft nodes and tau >= break_even)
-        resets every gap to PROBE_EVERY; one that recovered at least half of what it cost over a
-        plain round (tau >= 1 + (break_even - 1) / 2) leaves the gaps as they are; any other
-        doubles them, up to MAX_PROBE_GAP (committed outcomes and measured costs only: lossless).
+        tau and one probe gap, the largest of theirs: a round that beat plain decoding (it verified
+        draft nodes and tau >= break_even) resets it to PROBE_EVERY; one that recovered at least
+        half of what it cost over a plain round (tau >= 1 + (break_even - 1) / 2) keeps it; any
+        other doubles it, up to MAX_PROBE_GAP (committed outcomes and measured costs only: lossless).
         A gap after a round that did not beat plain decoding is also at least the probe's loss in
         plain rounds (break_even - tau) / PROBE_LOSS: at C=8 on a 2-core CPU a probe costs ~3.9
         plain rounds and commits ~3 tokens, "half paid", and a probe every 8th round cost ~12 %.
         Resetting on half-paid rounds let one lucky T=1 probe in four bring back a probe every
         8th round. One verdict per sequence let any one of eight T=1 sequences that
-        accepted a node keep the whole batch probing every 8th round. A sequence's first drafted
-        round gives it no verdict (its acceptance is not yet what it will be). What the round gained
-        over plain decoding (mean tau - break_even) counts, per regime, for the sequences whose
-        text repeated (see _credit)."""
+        accepted a node keep the whole batch probing every 8th round; one gap per sequence made
+        the batch probe whenever the first of them was due. A sequence's first drafted round gives
+        it no verdict (its acceptance is not yet what it will be) unless it started on plain rounds
+        with a passed-on probe clock (see release): then its first probe comes mid-text. What the
+        round gained over plain decoding (mean tau - break_even) counts, per regime, for the
+        sequences whose text repeated (see _credit)."""
         if not drafted:
             return
         self.steady = None
@@ -614,19 +617,26 @@ class AdaptiveBudget:
         paid = verified and mean_tau >= 1 + (break_even - 1) / 2
         beat = verified and mean_tau >= break_even  # faster than plain rounds, not just half-way
         loss_gap = math.ceil((break_even - mean_tau) / PROBE_LOSS)  # the probe lost this many plain rounds x 100
+        judged = []
         for seq, _, _ in drafted:
             st = self.state(seq)
             st.drafted += 1
             if st.repeats:
                 key = regime(st.setting, st.batch)
                 self.repeat_gain[key] = self.repeat_gain.get(key, 0.0) + mean_tau - break_even
-            if st.drafted == 1:  # its first drafted round judges nothing: acceptance starts low and
-                continue         # climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
-            if beat:
-                st.probe_gap = None
-            else:
-                gap = (st.probe_gap or self.probe_every) * (1 if paid else 2)
-                st.probe_gap = min(max(gap, loss_gap), MAX_PROBE_GAP)
+            # the first drafted round of a sequence that started by drafting judges nothing: acceptance
+            # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
+            if st.drafted > 1 or st.started_plain:
+                judged.append(st)
+        if not judged:
+            return
+        # one gap for the batch, from the one that backed off most: each sequence's own gap made the
+        # batch probe whenever the first of them was due (C=8, T=1: gaps of 170 and 872 in one batch,
+        # a probe every 1-2 passes of 257 rounds at ~10 plain rounds each)
+        base = max(st.probe_gap or self.probe_every for st in judged)
+        gap = None if beat else min(max(base * (1 if paid else 2), loss_gap), MAX_PROBE_GAP)
+        for st in judged:
+            st.probe_gap = gap
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine. If it finished with its last two probe rounds unpaid (a
