@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flashtree.benchmarking import BenchPlan, ComponentCosts, Config, Pass, component_costs, portable_path, summarize_group
+from flashtree.benchmarking import (BenchPlan, ComponentCosts, Config, Pass, component_costs, pass_order, portable_path,
+                                    summarize_group)
 from flashtree.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -265,3 +266,15 @@ def test_compile_modes_measure_each_config_in_each_mode_against_its_own_plain_de
     assert [c.label for c in cfgs] == ["ar [eager]", "ddtree@4 [eager]", "ar [compiled]", "ddtree@4 [compiled]"]
     assert cfgs[3].baseline == cfgs[2] and cfgs[1].baseline == cfgs[0]
     assert BenchPlan(methods=["ar"], budgets=[], temperatures=[0.0], concurrency=[1]).configs()[0].label == "ar"
+
+
+def test_each_repeat_starts_one_configuration_later():
+    """Every configuration runs once a repeat, and across as many repeats as there are
+    configurations each one runs in every position once (none always first, none always after
+    the same one)."""
+    cfgs = [Config("ar"), Config("dflash"), Config("ddtree", 8), Config("ddtree", "auto")]
+    orders = [pass_order(cfgs, r) for r in range(len(cfgs))]
+    assert all(sorted(o, key=cfgs.index) == cfgs for o in orders)
+    assert all({o[i] for o in orders} == set(cfgs) for i in range(len(cfgs)))
+    assert len({(o[i - 1], o[i]) for o in orders for i in range(1, len(cfgs))}) > len(cfgs) - 1
+    assert pass_order(cfgs, 0) == cfgs and pass_order([], 3) == []

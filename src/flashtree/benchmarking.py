@@ -2,8 +2,9 @@
 same weights, the speculative bound from measured component costs, the table and the plots.
 
 One *pass* runs every prompt of the set through one configuration (method, budget) at one
-temperature and concurrency. Passes of all configurations are interleaved repeat by repeat, so
-machine noise hits them alike; tok/s is the median over repeats after warm-up, and every speedup
+temperature and concurrency. Passes of all configurations are interleaved repeat by repeat, each
+repeat starting one configuration later (`pass_order`), so machine noise and the pass before hit
+them alike; tok/s is the median over repeats after warm-up, and every speedup
 is a ratio of two medians measured in this process. The bound for a speculative configuration is
 
     bound = tau * c(1) / (c_draft + c(N))
@@ -349,6 +350,14 @@ class HFPeer:
 
 
 # ---------------------------------------------------------------------------- the sweep
+def pass_order(configs: list, r: int) -> list:
+    """The configurations' passes in repeat r: rotated by r, so no configuration always runs first
+    or always after the same one (a pass after a heavier one, or after the peers, can run on a
+    colder cache)."""
+    k = r % len(configs) if configs else 0
+    return configs[k:] + configs[:k]
+
+
 def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: BenchPlan,
               peer: HFPeer | None = None, progress=None) -> dict:
     """Measure every (temperature, concurrency, config) cell and the peers; return the report."""
@@ -365,7 +374,8 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
             peer_runs = {name: [] for name in PEERS} if with_peers else {}
             for r in range(plan.warmup + plan.repeats):
                 keep = r >= plan.warmup
-                for cfg, passes in runs.items():
+                for cfg in pass_order(list(runs), r):
+                    passes = runs[cfg]
                     p = our_pass(llm, prompt_ids, params, cfg, conc)
                     if keep:
                         passes.append(p)
