@@ -21,7 +21,8 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
 (the last round's curves re-rated with the current calibration — a plain verdict stands, unread,
 while its batch is unchanged and no probe is due (`Steady`); a sequence that stopped drafting
 re-probes after a gap that doubles while probe rounds do not commit enough tokens to recover
-half their cost over a plain round, or at once when its text starts repeating itself — the
+half their cost over a plain round (the sequences of one drafting round leave it with one gap),
+or at once when its text starts repeating itself — the
 committed tokens' last 3-gram occurred earlier in them, where greedy acceptance on the bundled
 pair is twice what it is elsewhere (tau 4.4 vs 2.1) — while drafting in repeating text has
 gained tokens over plain decoding in its regime (sampling setting and batch size class);
