@@ -423,10 +423,11 @@ def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain()
     for s, gap in zip(old, (170, 872, None)):
         st = ctl.state(s, 8)
         st.drafted, st.probe_gap = 2, gap
-    probe([(s, 2) for s in old], break_even=4.0)  # mean 2 < 2.5: unpaid, doubled from the largest (872)
-    assert [ctl.state(s).probe_gap for s in old] == [1744 if MAX_PROBE_GAP > 1744 else MAX_PROBE_GAP] * 3
-    probe([(s, 3) for s in old], break_even=4.0)  # half paid: kept, and at least its loss (1 / 0.01)
-    assert len({ctl.state(s).probe_gap for s in old}) == 1
+    assert MAX_PROBE_GAP == 1024
+    probe([(s, 2) for s in old], break_even=4.0)  # mean 2 < 2.5: unpaid, the largest (872) doubled, capped
+    assert [ctl.state(s).probe_gap for s in old] == [MAX_PROBE_GAP] * 3
+    probe([(s, 3) for s in old], break_even=4.0)  # half paid: kept (its loss alone asks for 100)
+    assert [ctl.state(s).probe_gap for s in old] == [MAX_PROBE_GAP] * 3
     probe([(s, 4) for s in old], break_even=4.0)  # beat plain decoding: every gap back to probe_every
     assert [ctl.state(s).probe_gap for s in old] == [None] * 3
 

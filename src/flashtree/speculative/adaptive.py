@@ -631,9 +631,7 @@ class AdaptiveBudget:
                 judged.append(st)
         if not judged:
             return
-        # one gap for the batch, from the one that backed off most: each sequence's own gap made the
-        # batch probe whenever the first of them was due (C=8, T=1: gaps of 170 and 872 in one batch,
-        # a probe every 1-2 passes of 257 rounds at ~10 plain rounds each)
+        # one gap for the batch, from the one that backed off most (see the docstring)
         base = max(st.probe_gap or self.probe_every for st in judged)
         gap = None if beat else min(max(base * (1 if paid else 2), loss_gap), MAX_PROBE_GAP)
         for st in judged:
