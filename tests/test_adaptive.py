@@ -439,22 +439,6 @@ def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain()
     assert inherited.probe_gap == 200
 
 
-def test_pending_features_join_only_when_read():
-    """A sequence's queued drafter features: rows appended per round, joined once, the fed rows dropped."""
-    import torch
-    from flashtree.speculative.dflash import Pending
-    rows = [torch.full((n, 3), float(i)) for i, n in enumerate([5, 1, 1, 2])]
-    p = Pending()
-    for r in rows:
-        p.add(r)
-    assert p.rows == 9 and len(p.chunks) == 4
-    assert torch.equal(p.joined(), torch.cat(rows)) and len(p.chunks) == 1
-    p.drop(6)
-    assert p.rows == 3 and torch.equal(p.joined(), torch.cat(rows)[6:])
-    p.drop(3)
-    assert p.rows == 0 and p.joined() is None
-
-
 PROMPT = [1, 2, 3]
 
 

@@ -84,6 +84,38 @@ def test_pending_context_written_flat_drafts_as_padded_does(models):
             assert np.allclose(a.logprobs, b.logprobs, atol=1e-5) and (a.ids[:, 0] == b.ids[:, 0]).all()
 
 
+def test_kept_features_of_committed_rows_are_the_targets_features_of_those_tokens(models):
+    """The drafter context a pass reads from the runner's kept features (written by prefill and
+    verify forwards, moved with accepted tree nodes, one row a plain round) is, for every committed
+    row of every sequence, the target's feature of that token computed afresh; and a pass writes
+    exactly the rows pending since the last one."""
+    import torch
+    target, drafter = models
+    ps = [[random.Random(i).randrange(0, 95) for _ in range(n)] for i, n in enumerate((30, 3, 12, 1, 20, 7))]
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", max_batch_size=4, max_model_len=128))
+    cfgs = [("ddtree", 64, None), ("dflash", None, 5), ("ddtree", "auto", None), ("hybrid", 32, None)]
+    seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), *cfgs[i % 4])
+            for i, p in enumerate(ps)]
+    checked, eng.round_log = [], []  # (the trace's record of each round: its accepted paths)
+
+    def source(batch):
+        for s in batch:
+            ids = torch.tensor((s.prompt_ids + s.output_ids)[:s.length])
+            with torch.no_grad():
+                _, ref = target(ids[None], torch.arange(s.length)[None], feature_layers=eng.feature_layers)
+            kept = eng.runner.features_of([s.slot], np.arange(s.length)[None])[0]
+            assert (kept - ref[0]).abs().max() < 1e-4, (s.req_id, s.length)
+            assert eng.drafts.pending_rows(s) == s.length - eng.drafts.cached_rows(s) > 0
+            checked.append(eng.drafts.pending_rows(s))
+        return eng.drafts.run(batch)
+    eng.drafts.source = source
+    while eng.has_work():
+        eng.step()
+    assert all(len(s.output_ids) == 24 for s in seqs)
+    assert len(checked) > 40 and max(checked) > 5
+    assert any(e["path"] != list(range(e["tau"])) for e in eng.round_log)  # accepted nodes were moved down
+
+
 def test_greedy_and_seeded_runs_repeat_exactly(models):
     ps = prompts(6, seed=5)
     a, _ = run(models, "ddtree", 16, batch=3, ps=ps)

@@ -275,20 +275,19 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
         vin = pack_trees([chain_tree(0, [0] * (n - 1)) for _ in batch], [context] * len(batch), eng.device)
         return lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths, vin.mask, vin.nodes)
 
-    def draft_call(cfg: Config, feats):
+    def draft_call(cfg: Config):
         batch = seqs(cfg)
-        rows = max(1, min(round(taus[cfg]), feats.shape[1]))  # one round's accepted tokens
-        for b, s in enumerate(batch):
-            eng.drafts.on_prefill(s, feats[b, :rows])
+        rows = max(1, min(round(taus[cfg]), sizes[-1]))  # one round's accepted tokens, pending
+        for s in batch:
+            eng.drafts.on_prefill(s, rows)
         made.extend(batch)
         return lambda: eng.drafts.source(batch)
 
     try:
         with torch.inference_mode():
             calls = {("forward", n): forward_call(n) for n in sizes}
-            feats = calls["forward", sizes[-1]]()[1]  # real target features [B, N, F] for the drafter
             if eng.drafter is not None:
-                calls.update({("draft", cfg): draft_call(cfg, feats) for cfg in taus if needs_drafter(cfg.method)})
+                calls.update({("draft", cfg): draft_call(cfg) for cfg in taus if needs_drafter(cfg.method)})
             times = {key: [] for key in calls}
             for r in range(repeats + 1):  # interleaved, so machine noise hits every component alike
                 for key, call in calls.items():

@@ -116,7 +116,6 @@ class RoundOutput:
     trees: list[DraftTree]          # as verified (auto sequences: cut to the round's chosen size)
     vin: VerifyInput
     vout: VerifyOutput
-    feats: torch.Tensor | None      # drafter features of every node [B, T, F]
     choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
     drafted: int                    # sequences the drafter pass ran for
     caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
@@ -390,9 +389,9 @@ class Engine:
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "
                                    f"cache rows reserved for its round")
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
-        logits, feats = self._timed("verify_forward", self._forward, batch, vin)
+        logits = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-        return RoundOutput(trees, vin, vout, feats, choices, drafted, caught_up)
+        return RoundOutput(trees, vin, vout, choices, drafted, caught_up)
 
     def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
         """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
@@ -478,7 +477,8 @@ class Engine:
         vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
         vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
         last = torch.arange(B, device=dev) * T + n - 1                    # [B] flat index of each chunk's last token
-        logits, feats = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
+        logits, _ = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last,
+                                           self._keeps_features(seqs))
         done = [s.prefilled + s.chunk == len(s.cache_ids) for s in seqs]
         fresh = [b for b, s in enumerate(seqs) if done[b] and not s.output_ids]
         zero = torch.zeros(len(fresh), dtype=torch.long, device=dev)  # each draws its output position 0
@@ -487,7 +487,7 @@ class Engine:
         for b, s in enumerate(seqs):
             s.prefilled += s.chunk
             s.length, s.decoding = s.prefilled, done[b]
-            self.proposers[s.method].on_prefill(s, feats[b, :len(chunks[b])] if feats is not None else None)
+            self.proposers[s.method].on_prefill(s, len(chunks[b]))
             self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
         for b, tok in zip(fresh, first.tolist() if first is not None else []):
             s = seqs[b]
@@ -521,12 +521,16 @@ class Engine:
         return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
                    self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
 
-    def _forward(self, batch: list[Sequence], vin: VerifyInput):
-        logits, feats = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
-                                               vin.mask, vin.nodes)         # logits [R, V]: valid nodes only
+    def _forward(self, batch: list[Sequence], vin: VerifyInput) -> torch.Tensor:
+        logits, _ = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
+                                           vin.mask, vin.nodes, self._keeps_features(batch))  # [R, V]: valid nodes only
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)
-        return logits, feats
+        return logits
+
+    def _keeps_features(self, seqs: list[Sequence]) -> bool:
+        """A forward keeps its tokens' drafter features when a method of its sequences reads them."""
+        return any(self.proposers[s.method].needs_drafter for s in seqs)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
                 depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:
@@ -574,29 +578,21 @@ class Engine:
         return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, self._draws(batch, vin, logits), vin.vis)
 
     def _commit(self, batch, out: RoundOutput) -> None:
-        trees, vout, feats = out.trees, out.vout, out.feats
+        trees, vout = out.trees, out.vout
         accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
-        if feats is not None and not any(self.proposers[s.method].needs_drafter for s in batch):
-            feats = None                # no method of the round reads its tokens' features (ar, ngram)
-        elif plain and feats is not None:
-            feats = feats.clone()       # [B, 1, F]: one copy for the round, each sequence keeps a view of it
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
             self.consecutive_failures = 0
             if plain:
                 path = [0]
-                kept = None if feats is None else feats[b]
             else:
-                nodes = np.flatnonzero(accepted[b])  # node order == depth order on a path
-                path = nodes.tolist()
+                path = np.flatnonzero(accepted[b]).tolist()  # node order == depth order on a path
                 for j, i in enumerate(path):
                     slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-                kept = None if feats is None else \
-                    feats[b].index_select(0, torch.from_numpy(nodes).to(feats.device))  # (a list index: ~2x)
-            self.proposers[s.method].on_commit(s, trees[b], path, kept)
+            self.proposers[s.method].on_commit(s, trees[b], path)
             tau = len(path)
             s.length += tau
             s.metrics.rounds += 1

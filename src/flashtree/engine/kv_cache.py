@@ -1,4 +1,5 @@
-"""The paged K/V tensors of one model (the target, or the drafter's context cache).
+"""The paged K/V tensors of one model (the target, or the drafter's context cache), and the
+target's drafter features on the same rows (`FeatureCache`).
 
 Layout: K and V are each one tensor [layers, num_pages * page_size, kv_heads, head_dim] — a pool
 of physical rows. Which rows belong to which sequence, and which logical row (== position) each
@@ -32,3 +33,29 @@ class KVCache:
         """Copy physical rows src -> dst [M] in every layer (a round's accepted nodes)."""
         self.k.index_copy_(1, dst, self.k.index_select(1, src))  # all of src read before any dst written
         self.v.index_copy_(1, dst, self.v.index_select(1, src))
+
+
+class FeatureCache:
+    """The target's drafter features [num_rows, F] on the same physical rows as its K/V: a forward
+    that keeps them writes its tokens' rows, `move` follows the accepted nodes like the K/V, and a
+    drafter pass reads the committed rows its context cache does not hold yet. So a sequence that
+    decodes plainly for a while costs one row write a round, never a copy of its own."""
+
+    def __init__(self, num_rows: int, width: int, dtype: torch.dtype, device: torch.device | str):
+        self.data = torch.zeros(num_rows, width, dtype=dtype, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def write(self, rows: torch.Tensor, feats: torch.Tensor) -> None:
+        """rows [B, T] physical; feats [B, T, F]."""
+        self.data.index_copy_(0, rows.reshape(-1), feats.reshape(-1, self.data.shape[1]))
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy physical rows src -> dst [M] (all of src read before any dst written)."""
+        self.data.index_copy_(0, dst, self.data.index_select(0, src))
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """The features of physical rows [...]: [..., F]."""
+        return self.data.index_select(0, rows.reshape(-1)).view(*rows.shape, self.data.shape[1])

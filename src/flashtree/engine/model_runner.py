@@ -37,7 +37,7 @@ from ..errors import UserError
 from . import aot_graphs
 from .aot_graphs import AOTGraphs
 from .block_manager import BlockManager
-from .kv_cache import KVCache
+from .kv_cache import FeatureCache, KVCache
 from ..models.drafter import DFlashDrafter
 from ..models import cpu_dense
 from ..models.layers import pack_projections
@@ -91,11 +91,12 @@ class ModelRunner:
         tc = target.config
         rows = blocks.num_pages * blocks.page_size
         self.cache = KVCache(tc.num_hidden_layers, rows, tc.num_key_value_heads, tc.head_dim, self.dtype, self.device)
-        self.draft_cache = None
+        self.draft_cache = self.features = None
         if drafter is not None:
             lc = drafter.config.layers
             self.draft_cache = KVCache(lc.num_hidden_layers, rows, lc.num_key_value_heads, lc.head_dim, self.dtype,
                                        self.device)
+            self.features = FeatureCache(rows, drafter.fc.in_features, self.dtype, self.device)
         self.feature_layers = tuple(feature_layers or ())
         self.channel = None  # tensor parallel, rank 0: where each forward's inputs go (distributed/tp.py)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
@@ -159,11 +160,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ what the engine calls
     def run_target(self, tokens: torch.Tensor, positions: torch.Tensor, slots: list[int], lengths: torch.Tensor,
-                   vis: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   vis: torch.Tensor, nodes: torch.Tensor, keep_features: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over new tokens [B, T] of the sequences in cache `slots`: each sees
-        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V are
-        written at rows lengths[b] + t. Returns (logits [R, V] of the flat indices `nodes`,
-        drafter features [B, T, F] or None)."""
+        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V (and,
+        with keep_features, the drafter features: `features`) are written at rows lengths[b] + t.
+        Returns (logits [R, V] of the flat indices `nodes`, drafter features [B, T, F] or None)."""
         B, T = tokens.shape
         self.shapes["target", B, T] += 1
         R = nodes.shape[0]
@@ -176,6 +178,8 @@ class ModelRunner:
             self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
         cols = self._cols(_at_least_2(int(start.max())))
         logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)
+        if keep_features and self.features is not None and feats is not None:
+            self.features.write(rows, feats)
         return logits[:R], feats
 
     def execute_target(self, tokens, positions, table, lengths, vis, rows, nodes=None, cols=None):
@@ -212,16 +216,21 @@ class ModelRunner:
         self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
 
-    def write_drafter_context(self, feats: torch.Tensor, slots: np.ndarray, positions: np.ndarray) -> None:
+    def features_of(self, slots, positions: np.ndarray) -> torch.Tensor:
+        """The kept drafter features of logical rows positions [B, n] of cache `slots` [B]:
+        [B, n, F] (a row past a slot's pages reads the null page: callers mask it)."""
+        return self.features.read(torch.from_numpy(self.blocks.rows(slots, positions)).to(self.device))
+
+    def write_drafter_context(self, slots: np.ndarray, positions: np.ndarray) -> None:
         """Write context rows of many sequences to the drafter cache as one flat batch (eager):
-        feats [N, F] of the logical rows positions [N] of cache slots [N]. A later `run_drafter`
+        the kept features of logical rows positions [N] of cache slots [N]. A later `run_drafter`
         then sees them as cached rows (its past_len past them)."""
-        N = feats.shape[0]
+        N = positions.shape[0]
         self.shapes["drafter_context", 1, N] += 1
+        rows = torch.from_numpy(self.blocks.rows(slots, positions[:, None]).reshape(1, N)).to(self.device)  # [1, N]
         pos = torch.from_numpy(positions).to(self.device)[None]                      # [1, N]
-        k, v = self.drafter.context_kv(feats[None], pos)                             # [L, 1, N, Hkv, D]
-        rows = self.blocks.rows(slots, positions[:, None]).reshape(1, N)              # physical, [1, N]
-        self.draft_cache.write(torch.from_numpy(rows).to(self.device), k, v)
+        k, v = self.drafter.context_kv(self.features.read(rows), pos)                # [L, 1, N, Hkv, D]
+        self.draft_cache.write(rows, k, v)
 
     def _cols(self, n: int) -> torch.Tensor:
         """arange(n) on the device, n <= the cache's rows (a view of one kept buffer: an arange per
@@ -239,8 +248,8 @@ class ModelRunner:
         return torch.from_numpy(self.blocks.rows(slots, logical)).to(self.device)
 
     def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:
-        """Copy logical rows src -> dst (same slot) in the target cache: a round's accepted nodes to
-        their final rows; entries with src == dst are skipped."""
+        """Copy logical rows src -> dst (same slot) in the target cache and the kept features: a
+        round's accepted nodes to their final rows; entries with src == dst are skipped."""
         moves = [(s, a, b) for s, a, b in zip(slots, src, dst) if a != b]
         if not moves:
             return
@@ -251,6 +260,8 @@ class ModelRunner:
             from ..distributed.tp import MOVE
             self._send(MOVE, tensors=(idx[:, 0], idx[:, 1]))
         self.cache.move(idx[:, 0], idx[:, 1])
+        if self.features is not None:
+            self.features.move(idx[:, 0], idx[:, 1])
 
     def attach(self, channel) -> None:
         """Tensor parallel (rank 0): broadcast every target forward and KV move to the other ranks,

@@ -692,17 +692,14 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
 
     try:
         with torch.inference_mode():
-            feats = None
             for B in batches:
                 for T in widths:
                     vin = pack_trees([chain_tree(0, [0] * (T - 1)) for _ in range(B)], [ctx] * B, engine.device)
-                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731
-                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes)
+                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731 (keeps features as auto does)
+                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes, True)
                     costs.record_verify(B, T, timed(run))
-                    if T == widths[-1] and B == batches[-1]:
-                        feats = run()[1]
             builder = engine.proposers.get("ddtree")
-            if feats is not None and engine.drafts is not None and builder is not None:
+            if engine.drafts is not None and builder is not None:
                 for B in batches:
                     seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
                                      method="ddtree", block_size=engine.default_block_size,
@@ -711,9 +708,9 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
                     temp += seqs
 
                     def draft(seqs=seqs):  # the drafter pass and the trees built from it, as a round does
-                        for b, s in enumerate(seqs):  # a few fresh context rows, within the dummy context
+                        for s in seqs:  # a few fresh context rows, within the dummy context
                             engine.drafts.release(s)
-                            engine.drafts.on_prefill(s, feats[b, :min(3, ctx, feats.shape[1])])
+                            engine.drafts.on_prefill(s, min(3, ctx))
                         out = engine.drafts.run(seqs)
                         for s in seqs:
                             builder.tree(s, out[s], s.block_size - 1)

@@ -113,10 +113,10 @@ class Hybrid(DDTree):
         k = min(seq.budget, d.ids.shape[1])
         return build_hybrid(seq.bonus, d.logprobs[:depth, :k], d.ids[:depth, :k], copy[:depth], seq.budget, logp)
 
-    def on_commit(self, seq, tree, path, feats) -> None:
+    def on_commit(self, seq, tree, path) -> None:
         """Calibrate: walk the round's n-gram branch (the chain `draft` copied from the tokens
         committed before this round) and count its trials and hits on the accepted path."""
-        super().on_commit(seq, tree, path, feats)
+        super().on_commit(seq, tree, path)
         copy = self.copies.pop(seq, [])
         if tree.size == 1:
             return

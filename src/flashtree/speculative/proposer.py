@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, ClassVar
 from .tree import DraftTree
 
 if TYPE_CHECKING:
-    import torch
-
     from ..engine.engine import Engine
     from ..engine.sequence import Sequence
 
@@ -68,13 +66,14 @@ class Proposer:
     def tree(self, seq: Sequence, draft, depth: int) -> DraftTree:
         raise NotImplementedError
 
-    def on_prefill(self, seq: Sequence, feats: torch.Tensor | None) -> None:
-        """The prompt is in the target cache; feats [n, F] (None without a drafter)."""
+    def on_prefill(self, seq: Sequence, rows: int) -> None:
+        """A prefill chunk of `rows` prompt rows is in the target cache (with its drafter features,
+        in the model runner's `features`, when the method needs the drafter)."""
 
-    def on_commit(self, seq: Sequence, tree: DraftTree, path: list[int], feats: torch.Tensor | None) -> None:
-        """The accepted nodes `path` of this round's `tree` (root first) are committed; feats
-        [tau, F] are theirs (None in a round where no method needs the drafter). Called before the
-        round's tokens are appended to `seq`."""
+    def on_commit(self, seq: Sequence, tree: DraftTree, path: list[int]) -> None:
+        """The accepted nodes `path` of this round's `tree` (root first) are committed (their
+        drafter features on their final rows when the method needs the drafter). Called before
+        the round's tokens are appended to `seq`."""
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine: drop its state."""
