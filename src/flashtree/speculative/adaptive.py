@@ -424,6 +424,11 @@ def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
     total = len(P) + len(out)
     if st.seen == total:
         return st.repeats
+    if total == st.seen + 1 and len(out) >= n:  # one new token (a plain round): its one n-gram
+        g = tuple(out[-n:])
+        st.repeats, st.seen = g in st.grams, total
+        st.grams.add(g)
+        return st.repeats
     base = max(0, st.seen - n + 1)  # the first new n-gram starts here: it ends at max(seen + 1, n)
     toks = (P[base:] + out) if base < len(P) else out[base - len(P):]
     grams, rep = st.grams, st.repeats
