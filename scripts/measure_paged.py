@@ -49,7 +49,7 @@ def run_until_first(eng, ids, params):
 # ------------------------------------------------------------------------ 1. memory
 llm = LLM(method=a.method, max_batch_size=64, max_model_len=2048, kv_cache_tokens=16384)
 eng = llm.engine
-kv_bytes = eng.runner.cache.nbytes + (eng.runner.draft_cache.nbytes if eng.runner.draft_cache else 0)
+kv_bytes = eng.runner.cache.nbytes + sum(c.nbytes for c in (eng.runner.draft_cache, eng.runner.features) if c)
 per_token = kv_bytes / eng.runner.cache.k.shape[1]
 unpaged_tokens = 64 * eng.capacity
 tok = llm.tokenizer

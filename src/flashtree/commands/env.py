@@ -61,7 +61,8 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
 
 def kv_cache(pair: dict, options: dict) -> dict:
     """The paged KV cache `LLM(**options)` would allocate for this pair (float32): capacity in
-    tokens, pages, bytes (target + drafter context), and what one sequence may need."""
+    tokens, pages, bytes (target + drafter context + kept drafter features), and what one sequence
+    may need."""
     from ..engine.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
     t, d = pair["target"], pair["drafter"]
     if t["error"]:
@@ -77,8 +78,9 @@ def kv_cache(pair: dict, options: dict) -> dict:
         return {"error": f"kv_cache_tokens={tokens} cannot hold one sequence at the context limit ({per_seq} "
                          f"tokens with one round's tree): LLM() refuses it"}
     row = 2 * 4 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V, float32
-    if drafter:
+    if drafter:  # its context K/V, and the target's drafter features kept on the same rows
         row += 2 * 4 * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
+        row += 4 * len(drafter["target_layer_ids"]) * drafter["hidden_size"]
     pages = -(-tokens // cfg.page_size)
     return {"error": None, "kv_cache_tokens": pages * cfg.page_size, "page_size": cfg.page_size, "pages": pages,
             "mib": round((pages + 1) * cfg.page_size * row / 2**20, 1), "per_sequence_tokens": per_seq,
