@@ -96,7 +96,7 @@ def test_kept_features_of_committed_rows_are_the_targets_features_of_those_token
     cfgs = [("ddtree", 64, None), ("dflash", None, 5), ("ddtree", "auto", None), ("hybrid", 32, None)]
     seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), *cfgs[i % 4])
             for i, p in enumerate(ps)]
-    checked, eng.round_log = [], []  # (the trace's record of each round: its accepted paths)
+    checked, wrong, eng.round_log = [], [], []  # (round_log: the trace's record of each round's accepted path)
 
     def source(batch):
         for s in batch:
@@ -104,14 +104,15 @@ def test_kept_features_of_committed_rows_are_the_targets_features_of_those_token
             with torch.no_grad():
                 _, ref = target(ids[None], torch.arange(s.length)[None], feature_layers=eng.feature_layers)
             kept = eng.runner.features_of([s.slot], np.arange(s.length)[None])[0]
-            assert (kept - ref[0]).abs().max() < 1e-4, (s.req_id, s.length)
-            assert eng.drafts.pending_rows(s) == s.length - eng.drafts.cached_rows(s) > 0
+            if (kept - ref[0]).abs().max() >= 1e-4:  # (an assert here would fail only the request)
+                wrong.append((s.req_id, s.length))
             checked.append(eng.drafts.pending_rows(s))
+            assert checked[-1] == s.length - eng.drafts.cached_rows(s) > 0
         return eng.drafts.run(batch)
     eng.drafts.source = source
     while eng.has_work():
         eng.step()
-    assert all(len(s.output_ids) == 24 for s in seqs)
+    assert not wrong and all(len(s.output_ids) == 24 and s.finish_reason == "length" for s in seqs)
     assert len(checked) > 40 and max(checked) > 5
     assert any(e["path"] != list(range(e["tau"])) for e in eng.round_log)  # accepted nodes were moved down
 
