@@ -216,10 +216,10 @@ class ModelRunner:
         self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
         return logprobs
 
-    def features_of(self, slots, positions: np.ndarray) -> torch.Tensor:
-        """The kept drafter features of logical rows positions [B, n] of cache `slots` [B]:
+    def features_of(self, slots: list[int], start: np.ndarray, n: int) -> torch.Tensor:
+        """The kept drafter features of logical rows start[b] .. start[b]+n-1 of cache `slots` [B]:
         [B, n, F] (a row past a slot's pages reads the null page: callers mask it)."""
-        return self.features.read(torch.from_numpy(self.blocks.rows(slots, positions)).to(self.device))
+        return self.features.read(self._rows(slots, start, n))
 
     def write_drafter_context(self, slots: np.ndarray, positions: np.ndarray) -> None:
         """Write context rows of many sequences to the drafter cache as one flat batch (eager):
@@ -227,7 +227,7 @@ class ModelRunner:
         then sees them as cached rows (its past_len past them)."""
         N = positions.shape[0]
         self.shapes["drafter_context", 1, N] += 1
-        rows = torch.from_numpy(self.blocks.rows(slots, positions[:, None]).reshape(1, N)).to(self.device)  # [1, N]
+        rows = self._rows(slots, positions, 1).view(1, N)                            # physical, [1, N]
         pos = torch.from_numpy(positions).to(self.device)[None]                      # [1, N]
         k, v = self.drafter.context_kv(self.features.read(rows), pos)                # [L, 1, N, Hkv, D]
         self.draft_cache.write(rows, k, v)

@@ -73,7 +73,7 @@ class DFlashDrafts:
             past_np, n_ctx = lengths, np.zeros(B, dtype=n_ctx.dtype)
         C = int(n_ctx.max())
         # [B, C, F]: each sequence's pending rows (past n_ctx[b]: rows the drafter masks out)
-        ctx = eng.runner.features_of(slots, past_np[:, None] + np.arange(C))
+        ctx = eng.runner.features_of(slots, past_np, C)
         block_np = np.full((B, K), self.mask_token_id, dtype=np.int64)
         block_np[:, 0] = [s.bonus for s in seqs]
 
@@ -83,7 +83,8 @@ class DFlashDrafts:
         ctx_pos = tensor(past_np[:, None] + np.arange(C))                    # [B, C]
         block, block_pos = tensor(block_np), tensor(lengths[:, None] + np.arange(K))   # [B, K]
         block_len = tensor(np.array([s.block_size for s in seqs]))
-        logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len, block_len)  # [B, K-1, V]
+        logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len,
+                                          block_len)                         # [B, K-1, V]
         k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
         top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
