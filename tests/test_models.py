@@ -47,8 +47,8 @@ def run(runner, slot, ids, start, vis=None):
     T = len(ids)
     vis = torch.ones(T, T, dtype=torch.bool).tril() if vis is None else vis
     depth = vis.sum(-1) - 1
-    logits, _ = runner.run_target(torch.tensor([ids]), (start + depth)[None], [slot], torch.tensor([start]),
-                                  vis[None], torch.arange(T))
+    logits = runner.run_target(torch.tensor([ids]), (start + depth)[None], [slot], torch.tensor([start]),
+                               vis[None], torch.arange(T))
     return logits
 
 
@@ -202,7 +202,7 @@ def test_batched_trees_with_padding_match_single_sequences(pair):
             run(cache, s, p, 0)
         vin = pack_trees(trees, [len(p) for p in prompts], "cpu")
         T = vin.tokens.shape[1]
-        logits, _ = cache.run_target(vin.ids, vin.positions, [0, 1], vin.lengths, vin.mask, torch.arange(2 * T))
+        logits = cache.run_target(vin.ids, vin.positions, [0, 1], vin.lengths, vin.mask, torch.arange(2 * T))
         logits = logits.view(2, T, -1)
         for s, (p, t) in enumerate(zip(prompts, trees)):
             single_cache = new_cache(ours)

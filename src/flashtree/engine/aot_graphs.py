@@ -17,8 +17,9 @@ the runner's static settings (page size, feature layers, CPU kernel on/off) and 
 ISA. A cached package loads in well under a second; compiling one costs ~15-25 s here. Deleting the
 directory is always safe.
 
-It does not decide buckets (the runner pads sizes that must not be 1), run eager forwards or touch
-the KV cache.
+It does not decide buckets (the runner pads sizes that must not be 1) or run eager forwards. A graph
+writes its new K/V (and features) into the cache tensors it is handed as inputs, in place, and
+nothing else of the cache: which rows, the runner decides.
 """
 from __future__ import annotations
 

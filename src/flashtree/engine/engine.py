@@ -477,8 +477,7 @@ class Engine:
         vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
         vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
         last = torch.arange(B, device=dev) * T + n - 1                    # [B] flat index of each chunk's last token
-        logits, _ = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last,
-                                           self._keeps_features(seqs))
+        logits = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
         done = [s.prefilled + s.chunk == len(s.cache_ids) for s in seqs]
         fresh = [b for b, s in enumerate(seqs) if done[b] and not s.output_ids]
         zero = torch.zeros(len(fresh), dtype=torch.long, device=dev)  # each draws its output position 0
@@ -522,15 +521,11 @@ class Engine:
                    self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
 
     def _forward(self, batch: list[Sequence], vin: VerifyInput) -> torch.Tensor:
-        logits, _ = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
-                                           vin.mask, vin.nodes, self._keeps_features(batch))  # [R, V]: valid nodes only
+        logits = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
+                                        vin.mask, vin.nodes)  # [R, V]: valid nodes only
         self.stats["forwards"] += 1
         self.stats["seqs_in_forwards"] += len(batch)
         return logits
-
-    def _keeps_features(self, seqs: list[Sequence]) -> bool:
-        """A forward keeps its tokens' drafter features when a method of its sequences reads them."""
-        return any(self.proposers[s.method].needs_drafter for s in seqs)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
                 depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:

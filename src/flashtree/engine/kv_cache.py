@@ -4,12 +4,26 @@ target's drafter features on the same rows (`FeatureCache`).
 Layout: K and V are each one tensor [layers, num_pages * page_size, kv_heads, head_dim] — a pool
 of physical rows. Which rows belong to which sequence, and which logical row (== position) each
 is, is the block manager's business (`engine/block_manager.py`): everything here takes physical
-rows. The model runner reads rows inside a forward through the page table and writes a forward's
-new K/V afterwards with `write`; `move` copies accepted tree nodes down to their final rows.
+rows. A forward reads rows through the page table and writes its new K/V (and features) at their
+rows itself (`write_rows`, `write_features`: inside a compiled graph the copies fuse into the
+kernels that produce them); `move` copies accepted tree nodes down to their final rows.
 """
 from __future__ import annotations
 
 import torch
+
+
+def write_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
+    """Every layer's new rows at once. caches [L, num_rows, Hkv, D]; rows [B, T] physical; k, v [L, B, T, Hkv, D]."""
+    idx = rows.reshape(-1)
+    k_cache.index_copy_(1, idx, k.flatten(1, 2))  # (23 vs 32 us for a setitem's index_put, eager)
+    v_cache.index_copy_(1, idx, v.flatten(1, 2))
+
+
+def write_features(store: torch.Tensor, rows: torch.Tensor, feats: torch.Tensor) -> None:
+    """store [num_rows, F]; rows [B, T] physical; feats [B, T, F]."""
+    store.index_copy_(0, rows.reshape(-1), feats.reshape(-1, store.shape[1]))
 
 
 class KVCache:
@@ -24,10 +38,8 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
     def write(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Every layer's new rows at once. rows [B, T] physical; k, v [L, B, T, Hkv, D]."""
-        idx = rows.reshape(-1)
-        self.k.index_copy_(1, idx, k.flatten(1, 2))  # (23 vs 32 us for a setitem's index_put here)
-        self.v.index_copy_(1, idx, v.flatten(1, 2))
+        """rows [B, T] physical; k, v [L, B, T, Hkv, D] (see write_rows)."""
+        write_rows(self.k, self.v, rows, k, v)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy physical rows src -> dst [M] in every layer (a round's accepted nodes)."""
@@ -36,10 +48,10 @@ class KVCache:
 
 
 class FeatureCache:
-    """The target's drafter features [num_rows, F] on the same physical rows as its K/V: a forward
-    that keeps them writes its tokens' rows, `move` follows the accepted nodes like the K/V, and a
-    drafter pass reads the committed rows its context cache does not hold yet. So a sequence that
-    decodes plainly for a while costs one row write a round, never a copy of its own."""
+    """The target's drafter features [num_rows, F] on the same physical rows as its K/V: every
+    target forward writes its tokens' rows (`write_features`, beside their K/V), `move` follows the
+    accepted nodes like the K/V, and a drafter pass reads the committed rows its context cache does
+    not hold yet. So a sequence that decodes plainly for a while keeps them at no extra call."""
 
     def __init__(self, num_rows: int, width: int, dtype: torch.dtype, device: torch.device | str):
         self.data = torch.zeros(num_rows, width, dtype=dtype, device=device)
@@ -47,10 +59,6 @@ class FeatureCache:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
-
-    def write(self, rows: torch.Tensor, feats: torch.Tensor) -> None:
-        """rows [B, T] physical; feats [B, T, F]."""
-        self.data.index_copy_(0, rows.reshape(-1), feats.reshape(-1, self.data.shape[1]))
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy physical rows src -> dst [M] (all of src read before any dst written)."""

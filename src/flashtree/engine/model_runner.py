@@ -1,9 +1,10 @@
 """The model runner: the target's and the drafter's forward passes and their KV caches.
 
 The engine hands it one forward's tensors — a prefill, a verify batch of packed trees, a
-drafter block — and gets logits (and drafter features) back. Inside, each forward is one pure
-function of tensors: it *reads* the cache rows a sequence may see and returns the new K/V, which
-the runner then writes with one indexed copy per cache. That function runs eager or compiled:
+drafter block — and gets logits back. Inside, each forward is one function of tensors: it reads
+the cache rows a sequence may see and writes its new K/V (the target's also its drafter features,
+`FeatureCache`) at the physical rows it is handed — its only side effect, so a compiled graph
+does the copies itself, with no op of its own run after it. That function runs eager or compiled:
 
 - `compile=False`: eager PyTorch (always available, the reference mode).
 - `compile=True`: on the CPU, an AOTInductor package per shape bucket (`aot_graphs.py`: exported
@@ -37,7 +38,7 @@ from ..errors import UserError
 from . import aot_graphs
 from .aot_graphs import AOTGraphs
 from .block_manager import BlockManager
-from .kv_cache import FeatureCache, KVCache
+from .kv_cache import FeatureCache, KVCache, write_features, write_rows
 from ..models.drafter import DFlashDrafter
 from ..models import cpu_dense
 from ..models.layers import pack_projections
@@ -96,8 +97,9 @@ class ModelRunner:
             lc = drafter.config.layers
             self.draft_cache = KVCache(lc.num_hidden_layers, rows, lc.num_key_value_heads, lc.head_dim, self.dtype,
                                        self.device)
-            self.features = FeatureCache(rows, drafter.fc.in_features, self.dtype, self.device)
         self.feature_layers = tuple(feature_layers or ())
+        if self.feature_layers:  # what the drafter reads: every target forward keeps its tokens' features
+            self.features = FeatureCache(rows, len(self.feature_layers) * tc.hidden_size, self.dtype, self.device)
         self.channel = None  # tensor parallel, rank 0: where each forward's inputs go (distributed/tp.py)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self._arange = torch.arange(rows, device=self.device)  # cols of every forward are a prefix of it
@@ -114,11 +116,13 @@ class ModelRunner:
             settings = {"page_size": blocks.page_size, "feature_layers": self.feature_layers,
                         "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype)}
             cache = (None, "rows", None, None)
+            kept = (("rows", None),) if self.features is not None else ()
             self._fns[True] = (
                 AOTGraphs("target", self._target_step, parts, (("B", "T"), ("B", "T"), ("B", "P"), ("B",),
-                          ("B", "T", "T"), ("S",), ("R",), cache, cache), settings),
+                          ("B", "T", "T"), ("S",), ("R",), ("B", "T"), cache, cache, *kept), settings),
                 AOTGraphs("drafter", self._draft_step, parts, (("B", "K"), ("B", "K"), ("B", "C", None), ("B", "C"),
-                          ("B", "P"), ("B",), ("B",), ("B",), ("S",), cache, cache), settings, mins={"K": 3})
+                          ("B", "P"), ("B",), ("B",), ("B",), ("S",), ("B", "C"), cache, cache), settings,
+                          mins={"K": 3})
                 if drafter is not None else None)
         elif self.compiled:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
@@ -138,34 +142,37 @@ class ModelRunner:
             return tuple(_dynamic(t, *dims) for t, *dims in specs)
         return tuple(spec[0] for spec in specs)
 
-    # ------------------------------------------------------------------ the pure forwards
-    def _target_step(self, tokens, positions, table, lengths, vis, cols, nodes, k_cache, v_cache):
-        # tokens, positions [B, T]; table [B, pages]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t
+    # ------------------------------------------------------------------ the forwards
+    def _target_step(self, tokens, positions, table, lengths, vis, cols, nodes, rows, k_cache, v_cache, features=None):
+        # tokens, positions [B, T]; table [B, pages]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t;
+        # rows [B, T] the new tokens' physical rows; k_cache, v_cache [L, num_rows, Hkv, D]; features [num_rows, F]
         hidden, feats, k, v = self.target.forward_cached(tokens, positions, k_cache, v_cache, table,
                                                          self.blocks.page_size, lengths, vis, cols, self.feature_layers)
-        logits = self.target.logits(hidden.flatten(0, 1).index_select(0, nodes))   # [R, V]
-        return logits, feats, k, v
+        write_rows(k_cache, v_cache, rows, k, v)  # after every read of the cache (program order)
+        if features is not None:
+            write_features(features, rows, feats)
+        return self.target.logits(hidden.flatten(0, 1).index_select(0, nodes))     # [R, V]
 
-    def _draft_step(self, block, block_pos, ctx, ctx_pos, table, past_len, ctx_len, block_len, cols, k_cache,
+    def _draft_step(self, block, block_pos, ctx, ctx_pos, table, past_len, ctx_len, block_len, cols, rows, k_cache,
                     v_cache):
         # block, block_pos [B, K]; ctx [B, C, F]; ctx_pos [B, C]; table [B, pages]; past_len, ctx_len,
-        # block_len [B]; cols [S]
+        # block_len [B]; cols [S]; rows [B, C] the context rows' physical rows (their K/V written there)
         embeds = self.target.model.embed_tokens(block)
         hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, table,
                                                    self.blocks.page_size, past_len, ctx_len, block_len, cols)
+        write_rows(k_cache, v_cache, rows, k, v)
         # slot k > 0 drafts position start+k: one 2-D GEMM through the target's LM head
         H = hidden.shape[-1]
         logits = self.target.logits(hidden[:, 1:].reshape(-1, H)).float()             # [B*(K-1), V]
-        return logits.log_softmax(-1).view(block.shape[0], block.shape[1] - 1, -1), k, v
+        return logits.log_softmax(-1).view(block.shape[0], block.shape[1] - 1, -1)
 
     # ------------------------------------------------------------------ what the engine calls
     def run_target(self, tokens: torch.Tensor, positions: torch.Tensor, slots: list[int], lengths: torch.Tensor,
-                   vis: torch.Tensor, nodes: torch.Tensor, keep_features: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   vis: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
         """One target forward over new tokens [B, T] of the sequences in cache `slots`: each sees
-        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V (and,
-        with keep_features, the drafter features: `features`) are written at rows lengths[b] + t.
-        Returns (logits [R, V] of the flat indices `nodes`, drafter features [B, T, F] or None)."""
+        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V (and
+        the drafter features, where the runner keeps them: `features_of`) are written at rows
+        lengths[b] + t. Returns the logits [R, V] of the flat indices `nodes`."""
         B, T = tokens.shape
         self.shapes["target", B, T] += 1
         R = nodes.shape[0]
@@ -177,10 +184,7 @@ class ModelRunner:
             from ..distributed.tp import TARGET
             self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
         cols = self._cols(_at_least_2(int(start.max())))
-        logits, feats = self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)
-        if keep_features and self.features is not None and feats is not None:
-            self.features.write(rows, feats)
-        return logits[:R], feats
+        return self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)[:R]
 
     def execute_target(self, tokens, positions, table, lengths, vis, rows, nodes=None, cols=None):
         """The target forward on physical pages `table` [B, pages], writing the new K/V at physical
@@ -191,10 +195,9 @@ class ModelRunner:
         if cols is None:
             cols = torch.arange(_at_least_2(int(lengths.max())), device=self.device)
         args = self._inputs((tokens, 0, 1), (positions, 0, 1), (table, 0, 1), (lengths, 0),
-                            (vis, 0, 1, 2), (cols, 0), (nodes, 0))
-        logits, feats, k, v = self._fns[self.compiled][0](*args, self.cache.k, self.cache.v)
-        self.cache.write(rows, k, v)
-        return logits, feats
+                            (vis, 0, 1, 2), (cols, 0), (nodes, 0), (rows, 0, 1))
+        kept = (self.features.data,) if self.features is not None else ()
+        return self._fns[self.compiled][0](*args, self.cache.k, self.cache.v, *kept)
 
     def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
                     slots: list[int], past_len: torch.Tensor, ctx_len: torch.Tensor, block_len: torch.Tensor
@@ -211,10 +214,9 @@ class ModelRunner:
         S = _at_least_2(int(start.max()))
         cols = self._cols(S)
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
-                            (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0))
-        logprobs, k, v = self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
-        self.draft_cache.write(self._rows(slots, start, ctx.shape[1]), k, v)
-        return logprobs
+                            (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0),
+                            (self._rows(slots, start, ctx.shape[1]), 0, 1))
+        return self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
 
     def features_of(self, slots: list[int], start: np.ndarray, n: int) -> torch.Tensor:
         """The kept drafter features of logical rows start[b] .. start[b]+n-1 of cache `slots` [B]:

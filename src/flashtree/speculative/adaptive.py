@@ -700,8 +700,8 @@ def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: in
             for B in batches:
                 for T in widths:
                     vin = pack_trees([chain_tree(0, [0] * (T - 1)) for _ in range(B)], [ctx] * B, engine.device)
-                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731 (keeps features as auto does)
-                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes, True)
+                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731
+                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes)
                     costs.record_verify(B, T, timed(run))
             builder = engine.proposers.get("ddtree")
             if engine.drafts is not None and builder is not None:
