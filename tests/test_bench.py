@@ -62,6 +62,9 @@ def test_bench_writes_consistent_report(bench):
         ar = next(a for a in cells if a["method"] == "ar" and a["temperature"] == c["temperature"]
                   and a["concurrency"] == c["concurrency"])
         assert c["speedup_vs_ar"] == pytest.approx(c["tok_s"] / ar["tok_s"])
+        # paired: each repeat's pass against ar's pass of the same repeat, then the median
+        pairs = [t / a for t, a in zip(c["tok_s_runs"], ar["tok_s_runs"])]
+        assert c["speedup_runs"] == pytest.approx(pairs) and c["speedup_paired"] == pytest.approx(statistics.median(pairs))
         if c["budget"] == "auto":  # its chosen sizes and expected tau, and no bound (its tree changes every round)
             assert 0 <= c["mean_budget"] <= 32 and c["predicted_tau"] >= 1
             assert c["bound"] is None and c["costs_ms"]["tree_size"] is None and c["costs_ms"]["draft"] > 0

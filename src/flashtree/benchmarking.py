@@ -501,6 +501,13 @@ def mean_tau(passes: list[Pass]) -> float:
     return sum(taus) / len(taus) if taus else 0.0
 
 
+def paired_ratios(passes: list[Pass], baseline: list[Pass]) -> list[float]:
+    """Each repeat's tok/s over the baseline's pass of the same repeat. The passes of one repeat
+    run back to back, so a drift of the machine's speed over minutes cancels in each ratio, which
+    a ratio of the two medians keeps."""
+    return [p.tok_s / b.tok_s for p, b in zip(passes, baseline) if b.tok_s]
+
+
 def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
                     peers: list[dict], costs_by_mode: dict[bool | None, ComponentCosts]) -> list[dict]:
     """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others. The
@@ -518,6 +525,7 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
         n = tree_size(cfg, block_size)
         bound = costs.bound(cfg, tau, block_size)
         speedup = tok_s / ar_tok_s if ar_tok_s else None
+        paired = paired_ratios(passes, runs[cfg.baseline])
         phases = sorted({k for p in passes for k in p.timings})
         out.append({
             "method": cfg.method, "budget": cfg.budget, "topk": cfg.topk, "compiled": cfg.compiled,
@@ -532,7 +540,8 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
             "mean_budget": mean([b for p in passes for b in p.budgets]),
             "predicted_tau": mean([t for p in passes for t in p.predicted_taus]),
             "phase_ms_per_step": {k: 1e3 * median([p.per_step((k,)) for p in passes]) for k in phases},
-            "speedup_vs_ar": speedup, "bound": bound,
+            "speedup_vs_ar": speedup, "speedup_paired": median(paired) if paired else None, "speedup_runs": paired,
+            "bound": bound,
             "bound_share": speedup / bound if speedup is not None and bound else None,
             "speedup_vs_peers": {q["name"]: tok_s / q["tok_s"] for q in peers if q["tok_s"]},
         })
@@ -546,18 +555,18 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 def table(report: dict) -> str:
     """The terminal table: one row per cell, then the peers."""
-    head = ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact", "x ar", "x hf", "x hf-pld",
+    head = ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact", "x ar", "paired", "x hf", "x hf-pld",
             "bound", "share"]
     rows = []
     for c in report["cells"]:
         vp = c["speedup_vs_peers"]
         rows.append([f"{c['temperature']:g}", str(c["concurrency"]), c["label"], _fmt(c["tok_s"], ".1f"),
                      _fmt(c["mean_accept_length"]), _fmt(c.get("predicted_tau")), _fmt(c.get("mean_budget"), ".1f"),
-                     exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]),
+                     exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]), _fmt(c.get("speedup_paired")),
                      _fmt(vp.get("hf_generate")), _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]),
                      _fmt(c["bound_share"])])
     for q in report["peers"]:
-        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 9)
+        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 10)
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
@@ -570,7 +579,9 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"Target `{m['model']}`, drafter `{m['draft']}` (block size {m['block_size']}), "
              f"{m['num_prompts']} prompts from `{m['prompts']}`, {m['max_tokens']} new tokens each "
              f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
-             f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run. "
+             f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run "
+             "(`x ar`: of the medians; `paired`: the median of each repeat's ratio to `ar`'s pass of the "
+             "same repeat, which run back to back). "
              "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
              "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
              "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n down to 1).",
