@@ -35,6 +35,23 @@ def test_kernel_builds_where_it_should():
 
 
 @needs_kernel
+def test_a_lock_left_by_a_killed_load_does_not_hang_the_next(tmp_path):
+    """torch's build lock is a plain file: a process killed while loading leaves it, and torch's
+    loader then waits for ever (a CI run hung so after a torchrun rank died). The next load
+    removes it, warns, and gets the kernel."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    probe = "from flashtree.models import cpu_dense; print(cpu_dense.build_directory()); print(cpu_dense.available())"
+    first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+    build = Path(first.stdout.split()[0])
+    assert first.stdout.split()[1] == "True", first.stderr[-2000:]
+    assert build.parent == tmp_path and (build / "lock").exists() is False
+    (build / "lock").touch()  # what a load killed mid-way leaves
+    again = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert again.stdout.split()[1] == "True", again.stderr[-2000:]
+    assert not (build / "lock").exists() and "removing" in again.stderr and "lock" in again.stderr
+
+
+@needs_kernel
 @pytest.mark.parametrize("K", [1, 7, 256])
 @pytest.mark.parametrize("N", [1, 15, 16, 17, 100, 512])
 def test_matches_a_float64_gemm(N, K):
@@ -75,20 +92,23 @@ def test_each_row_is_the_same_whatever_shares_its_call():
 @pytest.mark.parametrize("rows", [1, 9])
 def test_compiled_call_is_the_eager_op(rows):
     """Inside torch.compile (inductor with the C++ wrapper, as the model runner builds it) the op is
-    called as is: bit-identical to the eager call."""
+    called as is: bit-identical to the eager call. (The op's output feeds an add, which inductor
+    fuses and rounds as eager does; a fused silu's exp may differ from ATen's in the last bit, so
+    with silu here the check failed for some weights — it did with the unseeded init.)"""
     g = torch.Generator().manual_seed(rows)
     lin = Linear(64, 80, bias=True)
     with torch.no_grad():
+        lin.weight.normal_(generator=g)
         lin.bias.normal_(generator=g)
     lin.requires_grad_(False)
     lin.pack()
     assert lin.packed is not None and "packed" not in lin.state_dict()
     x = torch.randn(1, rows, 64, generator=g)
-    fn = torch.compile(lambda t: F.silu(lin(t)), fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
+    fn = torch.compile(lambda t: lin(t) + 0.5, fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
     with torch.inference_mode():
-        eager = F.silu(cpu_dense.dense(x, lin.weight, lin.packed, lin.bias))
+        eager = cpu_dense.dense(x, lin.weight, lin.packed, lin.bias) + 0.5
         assert torch.equal(fn(x), eager)
-        torch.testing.assert_close(eager, F.silu(F.linear(x, lin.weight, lin.bias)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(eager, F.linear(x, lin.weight, lin.bias) + 0.5, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel

@@ -9,7 +9,10 @@ sgemm is slow for few rows on the CPUs measured; see the .cpp), and hands more r
 
 It is built with torch's C++-extension loader the first time a process asks for it on a
 machine (~10 s; later processes load the cached library) — only on x86-64 CPUs with AVX2 and FMA
-and a C++ compiler, and not when `FLASHTREE_CPU_KERNEL=0`. Anything else, or a failed build
+and a C++ compiler, and not when `FLASHTREE_CPU_KERNEL=0`. Processes load it one at a time under
+an OS file lock (`flock`, dropped when its holder dies): torch's own lock is a plain file, which a
+process killed while loading leaves behind, and every later load would wait on it for ever — so a
+torch lock found while holding ours is stale and is removed (with a warning). Anything else, or a failed build
 (logged once, with the reason), leaves `available()` False, projections on `F.linear` and
 attention on SDPA over gathered rows.
 
@@ -23,12 +26,14 @@ This module does not decide which layers use the kernels (`layers.Linear.pack` a
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -73,6 +78,44 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+_NAME = "flashtree_cpu_kernels"
+
+
+def build_directory() -> Path:
+    """Where the kernel is built and cached: $TORCH_EXTENSIONS_DIR, else torch's default root and
+    folder for this Python and build of torch, then the library's name (torch's own layout)."""
+    from torch.utils.cpp_extension import get_default_build_root
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        accel = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        root = os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}"
+                                                      f"{getattr(sys, 'abiflags', '')}_{accel}")
+    return Path(root) / _NAME
+
+
+@contextlib.contextmanager
+def _one_loader(build: Path):
+    """Hold the build directory's flock (the OS drops it if this process dies); inside it a
+    torch `lock` file can only be one a killed process left, and is removed."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock alone
+        yield
+        return
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / "flashtree.flock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = build / "lock"
+        if stale.exists():
+            log.warning("removing %s: a process killed while loading the CPU kernel left it, and every later "
+                        "load would wait on it", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine) and load the kernel: None when it is ready, else why not."""
@@ -85,9 +128,11 @@ def _load() -> str | None:
             # torch rebuilds when the sources or the flags change; the header's hash in the
             # flags makes an edit of the header alone rebuild too
             header = hashlib.sha1(_HEADER.read_bytes()).hexdigest()[:12]
-            load(name="flashtree_cpu_kernels", sources=_SOURCES, is_python_module=False,
-                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
-                 verbose=False)
+            build = build_directory()
+            with _one_loader(build):
+                load(name=_NAME, sources=_SOURCES, is_python_module=False, build_directory=str(build),
+                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
+                     verbose=False)
             torch.library.register_fake("flashtree::dense")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
