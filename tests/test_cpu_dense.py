@@ -44,7 +44,7 @@ def test_a_lock_left_by_a_killed_load_does_not_hang_the_next(tmp_path):
     first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
     build = Path(first.stdout.split()[0])
     assert first.stdout.split()[1] == "True", first.stderr[-2000:]
-    assert build.parent == tmp_path and (build / "lock").exists() is False
+    assert build.parent == tmp_path and not (build / "lock").exists()
     (build / "lock").touch()  # what a load killed mid-way leaves
     again = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert again.stdout.split()[1] == "True", again.stderr[-2000:]
@@ -93,8 +93,8 @@ def test_each_row_is_the_same_whatever_shares_its_call():
 def test_compiled_call_is_the_eager_op(rows):
     """Inside torch.compile (inductor with the C++ wrapper, as the model runner builds it) the op is
     called as is: bit-identical to the eager call. (The op's output feeds an add, which inductor
-    fuses and rounds as eager does; a fused silu's exp may differ from ATen's in the last bit, so
-    with silu here the check failed for some weights — it did with the unseeded init.)"""
+    fuses and rounds as eager does; a fused silu differs from ATen's in the last bit for some
+    inputs — with silu here, 3 of 8 seeded weight sets at rows=1 failed while the op alone matched.)"""
     g = torch.Generator().manual_seed(rows)
     lin = Linear(64, 80, bias=True)
     with torch.no_grad():

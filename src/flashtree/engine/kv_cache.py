@@ -5,8 +5,8 @@ Layout: K and V are each one tensor [layers, num_pages * page_size, kv_heads, he
 of physical rows. Which rows belong to which sequence, and which logical row (== position) each
 is, is the block manager's business (`engine/block_manager.py`): everything here takes physical
 rows. A forward reads rows through the page table and writes its new K/V (and features) at their
-rows itself (`write_rows`, `write_features`: inside a compiled graph the copies fuse into the
-kernels that produce them); `move` copies accepted tree nodes down to their final rows.
+rows itself (`write_rows`, `write_features`: a compiled graph does the copies, mutating the cache
+tensors it is handed in place); `move` copies accepted tree nodes down to their final rows.
 """
 from __future__ import annotations
 

@@ -110,10 +110,7 @@ def _one_loader(build: Path):
             log.warning("removing %s: a process killed while loading the CPU kernel left it, and every later "
                         "load would wait on it", stale)
             stale.unlink(missing_ok=True)
-        try:
-            yield
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
+        yield  # (closing the file releases the flock)
 
 
 @functools.cache
