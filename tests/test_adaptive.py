@@ -696,3 +696,37 @@ def test_the_sampling_walk_costs_each_extra_row_it_verifies():
     assert c.walk_row_s[8] == pytest.approx(0.2e-3)
     assert c.round_cost(8, 9) - c.round_cost(8, 1) == pytest.approx(64 * 0.2e-3)
     assert np.allclose(c.round_cost(8, np.array([1, 9])), [c.round_cost(8, 1), c.round_cost(8, 9)])
+
+
+def test_a_wave_arriving_at_an_idle_engine_runs_in_its_batch_size_class(models):
+    """Four requests arriving together at an idle engine prefill one per step (a small token
+    budget), so the first decodes alone at first: its regime is still the batch of four the
+    engine has work for, so it starts plain on the clock the last wave passed on — as a batch of
+    one it found no clock, drafted in round 0 and made the whole wave probe 8 rounds later."""
+    from flashtree.speculative.adaptive import regime, setting
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=4, max_model_len=160,
+                                               max_num_batched_tokens=10))
+    pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)  # drafting never pays
+    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")  # noqa: E731
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    def wave(first: int) -> list:
+        seqs = [eng.add_request([first + 10 * i + j for j in range(10)], greedy) for i in range(4)]
+        eng.step()
+        assert sum(s.decoding for s in seqs) == 1  # the first decodes while the others wait to prefill
+        return seqs
+
+    wave(1)
+    while eng.has_work():
+        eng.step()
+    key = regime(setting(FakeSeq()), 4)  # greedy ddtree in a batch of four
+    assert key in eng.adaptive.starts  # the first wave's probes did not pay
+    for k in [k for k in eng.adaptive.starts if k != key]:  # (its tail, finishing in smaller batches, passed
+        del eng.adaptive.starts[k]                          # clocks on there too: a wave ending together does not)
+    seq = wave(45)
+    before = passes()
+    for _ in range(6):  # the others join one per step
+        eng.step()
+    assert passes() == before and all(s.metrics.budgets[:1] == [0] for s in seq)  # no drafting round 0
+    assert [eng.adaptive.state(s).batch for s in seq] == [4] * 4

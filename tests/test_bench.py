@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashtree.benchmarking import (BenchPlan, ComponentCosts, Config, Pass, component_costs, pass_order, portable_path,
-                                    summarize_group)
+                                    slices, summarize_group)
 from flashtree.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -32,7 +32,7 @@ def bench(pair, tmp_path_factory):
     argv = ["bench", "--model", str(target), "--draft", str(draft), "--prompts", str(prompts),
             "--num-prompts", "2", "--max-tokens", "6", "--methods", "ar,dflash,ddtree", "--budgets", "3,auto",
             "--temperatures", "0,1", "--concurrency", "1,2", "--repeats", "2", "--warmup", "0", "--out", str(out),
-            "--exact-samples", "2000"]
+            "--exact-samples", "2000", "--slice-prompts", "1"]  # C=1: two slices a repeat, joined
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(argv)
@@ -44,6 +44,7 @@ def test_bench_writes_consistent_report(bench):
     assert rc == 0
     meta, cells, peers = rep["meta"], rep["cells"], rep["peers"]
     assert meta["num_prompts"] == 2 and meta["max_tokens"] == 6 and meta["repeats"] == 2
+    assert meta["slice_prompts"] == 1
     assert meta["versions"]["torch"]
     assert len(cells) == 2 * 2 * 4 and len(peers) == 2 * 2
     assert {c["label"] for c in cells} == {"ar", "dflash", "ddtree@3", "ddtree@auto"}
@@ -187,6 +188,7 @@ def test_reports_carry_no_machine_paths(bench, pair, tmp_path, monkeypatch):
     (["--budgets", "3,4", "--topks", "1,5"], "topk [5] exceeds every budget"),
     (["--budgets", "0,auto"], "budgets must be integers >= 1 or 'auto'"),
     (["--exact-samples", "50"], "--exact-samples"),
+    (["--slice-prompts", "0"], "--slice-prompts must be >= 1"),
 ])
 def test_bench_rejects_bad_arguments(pair, argv, message, capsys):
     target, draft, prompts = pair
@@ -281,3 +283,27 @@ def test_each_repeat_starts_one_configuration_later():
     assert all({o[i] for o in orders} == set(cfgs) for i in range(len(cfgs)))
     assert len({(o[i - 1], o[i]) for o in orders for i in range(1, len(cfgs))}) > len(cfgs) - 1
     assert pass_order(cfgs, 0) == cfgs and pass_order([], 3) == []
+
+
+def test_slices_cover_the_prompts_in_order_and_fill_the_batch():
+    """Consecutive slices of max(size, concurrency) prompts; a short tail that cannot fill a batch
+    joins the slice before (a slice narrower than the concurrency would measure a smaller batch)."""
+    assert slices(32, 1, 8) == [range(0, 8), range(8, 16), range(16, 24), range(24, 32)]
+    assert slices(32, 8, 4) == [range(0, 8), range(8, 16), range(16, 24), range(24, 32)]
+    assert slices(10, 1, 4) == [range(0, 4), range(4, 8), range(8, 10)]  # a tail of 2 fills a batch of 1
+    assert slices(10, 4, 4) == [range(0, 4), range(4, 10)]              # a tail of 2 cannot fill a batch of 4
+    assert slices(3, 8, 8) == [range(0, 3)] and slices(5, 1, 8) == [range(0, 5)]
+    for n, c, k in [(32, 1, 8), (33, 8, 8), (7, 2, 3), (1, 1, 1)]:
+        assert [i for r in slices(n, c, k) for i in r] == list(range(n))
+
+
+def test_a_pass_is_its_slices_joined():
+    a = Pass(seconds=1.0, tokens=10, accept_lengths=[1, 2], steps=4, timings={"draft": 0.1, "verify": 0.5},
+             token_ids=[[1, 2]], budgets=[0, 3], predicted_taus=[1.0, 2.5])
+    b = Pass(seconds=3.0, tokens=30, accept_lengths=[3], steps=6, timings={"verify": 1.5, "commit": 0.2},
+             token_ids=[[3], [4]], budgets=[5], predicted_taus=[3.0])
+    j = Pass.joined([a, b])
+    assert (j.seconds, j.tokens, j.steps, j.tok_s) == (4.0, 40, 10, 10.0)
+    assert j.timings == pytest.approx({"draft": 0.1, "verify": 2.0, "commit": 0.2})
+    assert j.accept_lengths == [1, 2, 3] and j.token_ids == [[1, 2], [3], [4]]
+    assert j.budgets == [0, 3, 5] and j.predicted_taus == [1.0, 2.5, 3.0]

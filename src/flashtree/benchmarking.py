@@ -2,10 +2,13 @@
 same weights, the speculative bound from measured component costs, the table and the plots.
 
 One *pass* runs every prompt of the set through one configuration (method, budget) at one
-temperature and concurrency. Passes of all configurations are interleaved repeat by repeat, each
-repeat starting one configuration later (`pass_order`), so machine noise and the pass before hit
-them alike; tok/s is the median over repeats after warm-up, and every speedup
-is a ratio of two medians measured in this process. The bound for a speculative configuration is
+temperature and concurrency. Passes of all configurations are interleaved slice by slice: a repeat
+runs the prompt set in slices of a few prompts (`slices`), every configuration on a slice before
+the next, each slice starting one configuration later (`pass_order`), so machine noise and the run
+before hit them alike — this VM's speed shifts by 20-40 % for tens of seconds at a time, and
+whole passes back to back paired configurations up to a minute apart. A configuration's pass is
+its slices summed (`joined`); tok/s is the median over repeats after warm-up, and every speedup
+is a ratio of two medians measured in this process (or, `paired`, the median of per-repeat ratios). The bound for a speculative configuration is
 
     bound = tau * c(1) / (c_draft + c(N))
 
@@ -82,6 +85,20 @@ class Pass:
     def tok_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-12)
 
+    @staticmethod
+    def joined(parts: list["Pass"]) -> "Pass":
+        """One pass from its slices (in prompt order): times, tokens and steps summed, per-round
+        and per-prompt lists concatenated."""
+        timings: dict[str, float] = {}
+        for p in parts:
+            for k, v in p.timings.items():
+                timings[k] = timings.get(k, 0.0) + v
+        return Pass(seconds=sum(p.seconds for p in parts), tokens=sum(p.tokens for p in parts),
+                    accept_lengths=[t for p in parts for t in p.accept_lengths], steps=sum(p.steps for p in parts),
+                    timings=timings, token_ids=[t for p in parts for t in p.token_ids],
+                    budgets=[b for p in parts for b in p.budgets],
+                    predicted_taus=[t for p in parts for t in p.predicted_taus])
+
     def per_step(self, phases: tuple[str, ...]) -> float:
         """Seconds per engine step spent in `phases`."""
         return sum(self.timings.get(p, 0.0) for p in phases) / max(self.steps, 1)
@@ -100,6 +117,7 @@ class BenchPlan:
     topks: list[int | None] = field(default_factory=lambda: [None])  # ddtree branching caps (None: none)
     exact_samples: int = 20000   # samples of each T>0 chi-square cell; 0 = no exactness check
     compile_modes: list[bool] | None = None  # compare eager (False) and compiled (True) runs; None = as loaded
+    slice_prompts: int = 8       # prompts per interleaved slice (at least the concurrency; see `slices`)
 
     def __post_init__(self):
         for name in ("methods", "temperatures", "concurrency"):
@@ -123,6 +141,8 @@ class BenchPlan:
             if unused:
                 raise UserError(f"bench: topk {unused} exceeds every budget ({self.budgets}); a tree of budget N "
                                 "has at most N children per node")
+        if self.slice_prompts < 1:
+            raise UserError(f"bench: --slice-prompts must be >= 1, got {self.slice_prompts}")
         if self.exact_samples and self.exact_samples < 100:
             raise UserError(f"bench: --exact-samples must be 0 (no check) or >= 100, got {self.exact_samples}")
 
@@ -350,11 +370,22 @@ class HFPeer:
 
 # ---------------------------------------------------------------------------- the sweep
 def pass_order(configs: list, r: int) -> list:
-    """The configurations' passes in repeat r: rotated by r, so no configuration always runs first
-    or always after the same one (a pass after a heavier one, or after the peers, can run on a
-    colder cache)."""
+    """The configurations' runs of slice r (counted over repeats): rotated by r, so no
+    configuration always runs first or always after the same one (a run after a heavier one, or
+    after the peers, can run on a colder cache)."""
     k = r % len(configs) if configs else 0
     return configs[k:] + configs[:k]
+
+
+def slices(n: int, concurrency: int, size: int) -> list[range]:
+    """The prompt set's indices 0..n-1 in consecutive slices of max(size, concurrency) prompts (a
+    slice narrower than the concurrency would not fill the batch it measures); a last short slice
+    joins the one before unless it fills a batch of its own."""
+    step = max(size, concurrency)
+    starts = list(range(0, n, step))
+    if len(starts) > 1 and n - starts[-1] < min(step, concurrency):
+        starts.pop()
+    return [range(a, b) for a, b in zip(starts, starts[1:] + [n])]
 
 
 def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: BenchPlan,
@@ -371,13 +402,17 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
             with_peers = peer is not None and conc == min(plan.concurrency)
             runs = {cfg: [] for cfg in plan.configs()}
             peer_runs = {name: [] for name in PEERS} if with_peers else {}
+            parts = slices(len(prompt_ids), conc, plan.slice_prompts)
             for r in range(plan.warmup + plan.repeats):
                 keep = r >= plan.warmup
-                for cfg in pass_order(list(runs), r):
-                    passes = runs[cfg]
-                    p = our_pass(llm, prompt_ids, params, cfg, conc)
+                done: dict[Config, list[Pass]] = {cfg: [] for cfg in runs}
+                for k, sl in enumerate(parts):  # every config on a slice before the next slice
+                    for cfg in pass_order(list(runs), r * len(parts) + k):
+                        done[cfg].append(our_pass(llm, [prompt_ids[i] for i in sl], [params[i] for i in sl],
+                                                  cfg, conc))
+                for cfg, passes in runs.items():
                     if keep:
-                        passes.append(p)
+                        passes.append(Pass.joined(done[cfg]))
                     tick()
                 for name, passes in peer_runs.items():
                     p = peer.run(prompt_ids, params, plan.lookup_tokens if name == "hf_prompt_lookup" else None,
@@ -503,8 +538,8 @@ def mean_tau(passes: list[Pass]) -> float:
 
 def paired_ratios(passes: list[Pass], baseline: list[Pass]) -> list[float]:
     """Each repeat's tok/s over the baseline's pass of the same repeat. The passes of one repeat
-    run back to back, so a drift of the machine's speed over minutes cancels in each ratio, which
-    a ratio of the two medians keeps."""
+    run interleaved slice by slice, so a drift of the machine's speed over seconds to minutes
+    cancels in each ratio, which a ratio of the two medians keeps."""
     return [p.tok_s / b.tok_s for p, b in zip(passes, baseline) if b.tok_s]
 
 
@@ -581,7 +616,7 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
              f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run "
              "(`x ar`: of the medians; `paired`: the median of each repeat's ratio to `ar`'s pass of the "
-             "same repeat, which run back to back). "
+             f"same repeat; the configurations run interleaved in slices of {m.get('slice_prompts', '?')} prompts). "
              "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
              "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
              "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n down to 1).",

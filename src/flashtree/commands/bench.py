@@ -76,6 +76,10 @@ def add_arguments(p) -> None:
                         "default: the one mode --compile/--no-compile selects)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per cell; tok/s is their median")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes per cell first")
+    p.add_argument("--slice-prompts", type=int, default=8,
+                   help="prompts per slice: each repeat runs every configuration on one slice of the prompt "
+                        "set before the next, so the configurations compared share the machine's state "
+                        "(default 8; at least the concurrency)")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers generate and prompt-lookup generation (batch 1)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the peer")
@@ -113,7 +117,7 @@ def plan_from_args(args):
     return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
                      repeats=args.repeats, warmup=args.warmup, peers=args.peers,
                      lookup_tokens=args.prompt_lookup_tokens, topks=topks, exact_samples=args.exact_samples,
-                     compile_modes=modes)
+                     compile_modes=modes, slice_prompts=args.slice_prompts)
 
 
 def portable_command(argv: list[str]) -> str:
@@ -173,6 +177,7 @@ def run(args) -> int:
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
         "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,
         "top_p": base.top_p, "min_p": base.min_p, "repeats": plan.repeats, "warmup": plan.warmup,
+        "slice_prompts": plan.slice_prompts,
         "topks": plan.topks, "exact_samples": plan.exact_samples, "compile_modes": plan.compile_modes,
         "compiled": llm.engine.runner.compiled if plan.compile_modes is None else None,
         "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,

@@ -383,7 +383,8 @@ class Engine:
         drafted = sum(d is not None for d in drafts)
         fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
-        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted, caught_up)  # auto: cut to size
+        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted, caught_up,  # auto: cut to size
+                                     self._held())
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "
@@ -396,11 +397,18 @@ class Engine:
     def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
         """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
         auto and their curves predict plain decoding is faster, drafter cost included."""
+        if self.adaptive.holds(batch, len(batch)):  # a standing plain verdict on this very batch
+            return [0] * len(batch)
         auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
         if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
-                or self.adaptive.wants_draft(auto, len(batch), lambda: self._catch_up_rows(auto)):
+                or self.adaptive.wants_draft(auto, len(batch), lambda: self._catch_up_rows(auto), self._held()):
             return depths
         return [0 if s.auto else d for s, d in zip(batch, depths)]
+
+    def _held(self) -> int:
+        """The batch the engine has work for: its sequences, prefilling and waiting ones included,
+        up to its batch limit (auto's regime; see speculative.adaptive.regime)."""
+        return min(len(self.running) + len(self.waiting), self.scheduler.max_batch_size)
 
     def _catch_up_rows(self, seqs: list[Sequence]) -> int:
         """Context rows a drafter pass for `seqs` would catch up on (see `beyond_blocks`)."""
@@ -592,16 +600,17 @@ class Engine:
             s.length += tau
             s.metrics.rounds += 1
             s.metrics.accept_lengths.append(tau)
-            if out.choices[b] is not None:  # auto: what it chose and expected, for calibration checks
-                self.adaptive.learn(s, trees[b], path, out.choices[b])
-                if out.choices[b].paths is not None:
-                    probed.append((s, out.choices[b], tau))
-                s.metrics.budgets.append(out.choices[b].nodes)
-                s.metrics.predicted_taus.append(out.choices[b].predicted_tau)
+            choice = out.choices[b]
+            if choice is not None:  # auto: what it chose and expected, for calibration checks
+                self.adaptive.learn(s, trees[b], path, choice)
+                if choice.paths is not None:
+                    probed.append((s, choice, tau))
+                s.metrics.budgets.append(choice.nodes)
+                s.metrics.predicted_taus.append(choice.predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
             if self.round_log is not None:
                 self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
-                                       "tau": tau, "predicted_tau": out.choices[b] and out.choices[b].predicted_tau})
+                                       "tau": tau, "predicted_tau": choice and choice.predicted_tau})
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
         self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
         self.runner.move(slots, src, dst)

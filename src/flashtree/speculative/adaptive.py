@@ -137,7 +137,11 @@ def regime(key: tuple, batch: int) -> tuple:
     """A sequence's setting (`key`, see `setting`) and the batch size class it runs in (1, 2-3,
     4-7, 8-15, ...): whether drafting pays depends on both — on a 2-core CPU a drafting round costs
     ~2.8 plain rounds at batch 1 and ~4 at batch 8, so greedy repeats that beat plain decoding at
-    C=1 lost at C=8."""
+    C=1 lost at C=8. The batch is the one the engine has work for (prefilling and waiting
+    sequences included, up to its batch limit): a wave
+    of 8 arriving at an idle engine decodes its first one alone while the rest prefill, and as a
+    batch of 1 it found no probe clock passed on at batch 8, drafted, and 8 rounds later made the
+    whole wave probe (T=1, C=8: 9 drafting rounds a 32-request pass, auto 0.97x plain)."""
     return key + (batch.bit_length(),)
 
 
@@ -482,21 +486,21 @@ class AdaptiveBudget:
         gap = st.probe_gap or self.probe_every
         return gap, min(st.undrafted, gap - 1)
 
-    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: Callable[[], int] | None = None) -> bool:
-        """Should the drafter run for these auto sequences (a batch of `batch`, all auto)? Yes
+    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: Callable[[], int] | None = None,
+                    held: int = 0) -> bool:
+        """Should the drafter run for these auto sequences (a batch of `batch`, all auto; `held`:
+        the batch the engine has work for, prefilling and waiting sequences included — the batch
+        size class they run in, see `regime`)? Yes
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
         repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
         drafter's cost included — with the context rows the pass would first feed (`catch_up()`:
         what the sequences decoded plainly since they last drafted; asked only when the curves
         are compared), which this round pays."""
-        hold = self.steady
-        if hold is not None and hold.rounds > 0 and hold.batch == batch and hold.seqs == seqs \
-                and not self._repeats_call(hold.callers, batch):
-            hold.rounds -= 1  # nothing else that verdict read has changed: it stands (a look: ~40 us at C=8)
+        if self.holds(seqs, batch):
             return False
         self.steady = None
-        states = [self.state(s, batch) for s in seqs]
+        states = [self.state(s, max(batch, held)) for s in seqs]
         c = self.costs
         # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
         callers = [(s, st) for s, st in zip(seqs, states) if st.prefers_plain and self._credit(st)]
@@ -519,6 +523,17 @@ class AdaptiveBudget:
         for st in states:
             st.prefers_plain = not wants
         return wants
+
+    def holds(self, seqs: list[Sequence], batch: int) -> bool:
+        """The standing plain verdict (`Steady`) covers these auto sequences in a batch of `batch`
+        for one more round: nothing it read has changed and no repeat of its callers calls a probe.
+        Uses the round up (a look: ~2 us at C=1, ~40 at C=8 where callers' repeats are read)."""
+        hold = self.steady
+        if hold is None or hold.rounds <= 0 or hold.batch != batch or hold.seqs != seqs \
+                or (hold.callers and self._repeats_call(hold.callers, batch)):
+            return False
+        hold.rounds -= 1
+        return True
 
     def _due(self, st: AutoState) -> bool:
         """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
@@ -551,19 +566,19 @@ class AdaptiveBudget:
         whole in st's regime (REPEAT_PRIOR to start with)."""
         return REPEAT_PRIOR + self.repeat_gain.get(regime(st.setting, st.batch), 0.0) > 0
 
-    def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int, caught_up: int = 0
-            ) -> tuple[list[DraftTree], list[Choice | None]]:
+    def fit(self, batch: list[Sequence], trees: list[DraftTree], drafted: int, caught_up: int = 0,
+            held: int = 0) -> tuple[list[DraftTree], list[Choice | None]]:
         """Pick the round's forward width and cut each auto sequence's tree to it. `drafted`: the
         sequences the drafter pass ran for (its cost counts, with the `caught_up` context rows it
-        fed first: a probe's break-even is what the probe cost). Returns the trees and, per
-        sequence, its `Choice` (None for a sequence with a fixed budget)."""
+        fed first: a probe's break-even is what the probe cost); `held`: as in wants_draft.
+        Returns the trees and, per sequence, its `Choice` (None for a sequence with a fixed budget)."""
+        if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
+            return trees, [PLAIN if s.auto else None for s in batch]
         auto = [b for b, s in enumerate(batch) if s.auto]
         if not auto:
             return trees, [None] * len(batch)
-        if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
-            return trees, [PLAIN if s.auto else None for s in batch]
         paths = {b: path_logprobs(trees[b])[1:] for b in auto}  # [N_b] each (empty: not drafted)
-        curves = {b: tau_curve(paths[b], self.state(batch[b], len(batch)).calibration) for b in auto}
+        curves = {b: tau_curve(paths[b], self.state(batch[b], max(len(batch), held)).calibration) for b in auto}
         floor = max([trees[b].size for b in range(len(batch)) if b not in curves] + [1])
         draft_cost = (self.costs.draft(drafted) or 0.0) + self.costs.catch_up(caught_up) if drafted else 0.0
         T = choose_tokens(list(curves.values()), self.costs, len(batch), draft_cost, floor,
@@ -582,7 +597,7 @@ class AdaptiveBudget:
     def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
         """After the commit: the verified nodes train the calibration; the drafted tree is the
         next round's curve."""
-        st = self.state(seq)
+        st = self.states.get(seq) or self.state(seq)
         if choice is PLAIN:  # a plain round (most rounds where drafting does not pay): nothing to learn
             st.undrafted += 1
             return
