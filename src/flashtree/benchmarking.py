@@ -117,7 +117,7 @@ class BenchPlan:
     topks: list[int | None] = field(default_factory=lambda: [None])  # ddtree branching caps (None: none)
     exact_samples: int = 20000   # samples of each T>0 chi-square cell; 0 = no exactness check
     compile_modes: list[bool] | None = None  # compare eager (False) and compiled (True) runs; None = as loaded
-    slice_prompts: int = 8       # prompts per interleaved slice (at least the concurrency; see `slices`)
+    slice_prompts: int = 2       # prompts per interleaved slice (at least the concurrency; see `slices`)
 
     def __post_init__(self):
         for name in ("methods", "temperatures", "concurrency"):

@@ -76,10 +76,10 @@ def add_arguments(p) -> None:
                         "default: the one mode --compile/--no-compile selects)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per cell; tok/s is their median")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes per cell first")
-    p.add_argument("--slice-prompts", type=int, default=8,
+    p.add_argument("--slice-prompts", type=int, default=2,
                    help="prompts per slice: each repeat runs every configuration on one slice of the prompt "
                         "set before the next, so the configurations compared share the machine's state "
-                        "(default 8; at least the concurrency)")
+                        "(default 2; at least the concurrency)")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers generate and prompt-lookup generation (batch 1)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the peer")
