@@ -687,20 +687,22 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, t in enumerate(temps):
         col = colors[i % len(colors)]
-        for j, k in enumerate(sorted({c.get("topk") for c in cells if c["method"] == "ddtree"},
-                                     key=lambda k: (k is not None, k or 0))):
-            tree = sorted((c for c in cells if c["method"] == "ddtree" and c["temperature"] == t and c["budget"] != "auto"
-                           and c["concurrency"] == conc0 and c.get("topk") == k), key=lambda c: c["budget"])
-            if not tree:
-                continue
-            xs, name = [c["budget"] for c in tree], "ddtree" if k is None else f"ddtree topk={k}"
-            style = ("o-", "s--", "^-.", "v:")[j % 4]
-            ax.plot(xs, [c["speedup_vs_ar"] for c in tree], style, color=col, label=f"{name} T={t:g}")
-            if k is None:
-                ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [str(x) for x in xs])
-            ax.minorticks_off()
+        # every method with fixed budgets: ddtree solid (its topk caps in other markers), hybrid dash-dot
+        for m, line in (("ddtree", "-"), ("hybrid", "-.")):
+            for j, k in enumerate(sorted({c.get("topk") for c in cells if c["method"] == m},
+                                         key=lambda k: (k is not None, k or 0))):
+                tree = sorted((c for c in cells if c["method"] == m and c["temperature"] == t and c["budget"] != "auto"
+                               and c["concurrency"] == conc0 and c.get("topk") == k), key=lambda c: c["budget"])
+                if not tree:
+                    continue
+                xs, name = [c["budget"] for c in tree], m if k is None else f"{m} topk={k}"
+                marker = ("o", "s", "^", "v")[j % 4] if m == "ddtree" else ("P", "X", "d", "<")[j % 4]
+                ax.plot(xs, [c["speedup_vs_ar"] for c in tree], marker + line, color=col, label=f"{name} T={t:g}")
+                if k is None and m == "ddtree":
+                    ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs, [str(x) for x in xs])
+                ax.minorticks_off()
         for c in cells:
             if c["method"] == "dflash" and c["temperature"] == t and c["concurrency"] == conc0:
                 ax.axhline(c["speedup_vs_ar"], ls="--", color=col, alpha=0.7, label=f"dflash T={t:g}")
@@ -709,7 +711,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
                 ax.plot([max(c["mean_budget"] or 0.0, 0.25)], [c["speedup_vs_ar"]], "*" if c["method"] == "ddtree"
                         else "P", ms=12, color=col, label=f"{c['method']} auto T={t:g} (mean N {c['mean_budget']:.1f})")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xlabel="DDTree budget N (draft nodes per round; auto: the mean it chose)", ylabel="speedup vs ar (tok/s ratio)",
+    ax.set(xlabel="tree budget N (draft nodes per round; auto: the mean it chose)", ylabel="speedup vs ar (tok/s ratio)",
            title=f"Speedup vs budget (concurrency {conc0})")
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "speedup_vs_budget.png"))
