@@ -8,7 +8,8 @@ the next, each slice starting one configuration later (`pass_order`), so machine
 before hit them alike — this VM's speed shifts by 20-40 % for tens of seconds at a time, and
 whole passes back to back paired configurations up to a minute apart. A configuration's pass is
 its slices summed (`joined`); tok/s is the median over repeats after warm-up, and every speedup
-is a ratio of two medians measured in this process (or, `paired`, the median of per-repeat ratios). The bound for a speculative configuration is
+is a ratio of two medians measured in this process (or, `paired`, the median of per-repeat
+ratios). The bound for a speculative configuration is
 
     bound = tau * c(1) / (c_draft + c(N))
 
