@@ -527,8 +527,8 @@ class AdaptiveBudget:
     def holds(self, seqs: list[Sequence], batch: int) -> bool:
         """The standing plain verdict (`Steady`) covers these auto sequences in a batch of `batch`
         for one more round: nothing it read has changed and no repeat of its callers calls a probe.
-        Uses the round up. (Under cProfile a look cost ~2 us a round at C=1, ~5 at C=8 and ~19 at
-        T=1, C=8, where eight callers' repeats are read.)"""
+        Uses the round up. (Under cProfile a look cost ~5 us a round at T=0, C=8 and ~19 at T=1,
+        C=8, where eight callers' repeats are read.)"""
         hold = self.steady
         if hold is None or hold.rounds <= 0 or hold.batch != batch or hold.seqs != seqs \
                 or (hold.callers and self._repeats_call(hold.callers, batch)):
@@ -598,7 +598,7 @@ class AdaptiveBudget:
     def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
         """After the commit: the verified nodes train the calibration; the drafted tree is the
         next round's curve."""
-        st = self.states.get(seq) or self.state(seq)
+        st = self.state(seq)
         if choice is PLAIN:  # a plain round (most rounds where drafting does not pay): nothing to learn
             st.undrafted += 1
             return
