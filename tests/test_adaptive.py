@@ -354,10 +354,13 @@ def test_a_request_joining_plain_decoders_of_its_setting_starts_plain(models):
 
 
 class FakeSeq:
-    """What the controller reads of a sequence: its method, sampling and committed tokens."""
+    """What the controller reads of a sequence: its method, sampling, committed tokens and
+    round count (the engine counts a round in `metrics.rounds` before `learn`)."""
     def __init__(self, prompt=(5, 6, 7), temperature=0.0):
+        from flashtree.engine.sequence import RequestMetrics
         self.method, self.params = "ddtree", SamplingParams(temperature=temperature)
         self.prompt_ids, self.output_ids = list(prompt), []
+        self.metrics = RequestMetrics()
 
 
 def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_paid_else_backs_off():
@@ -533,7 +536,7 @@ def test_repeats_finds_an_earlier_occurrence_of_the_last_3gram_incrementally():
     for trial in range(30):
         toks = rng.integers(0, 4, size=40).tolist()
         seq = FakeSeq(prompt=toks[:7])
-        st = AutoState(setting(seq))
+        st = AutoState(setting(seq), seq.metrics)
         step = 1 if trial % 2 else int(rng.integers(2, 12))  # one plain round's token at a time, or many rounds'
         for k in range(7, 41, step):
             seq.output_ids = toks[7:k]
@@ -625,6 +628,7 @@ def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
             choice = Choice(6, 2.5, paths, 1.2) if wants else PLAIN
             tau = 6 if r >= 75 else 1  # every probe loses until round 75, then they win
             for s in batch:
+                s.metrics.rounds += 1
                 ctl.learn(s, tree, list(range(tau)) if wants else [0], choice)
             ctl.settle([(s, choice, tau) for s in batch] if wants else [])
         runs.append(answers)

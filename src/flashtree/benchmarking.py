@@ -714,7 +714,8 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="tree budget N (draft nodes per round; auto: the mean it chose)", ylabel="speedup vs ar (tok/s ratio)",
            title=f"Speedup vs budget (concurrency {conc0})")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # (no tree method, e.g. ngram alone: nothing to label)
+        ax.legend(fontsize=8)
     paths.append(_save(fig, out / "speedup_vs_budget.png"))
 
     spec = [c for c in cells if c["concurrency"] == conc0 and c["method"] != "ar"] or \

@@ -585,6 +585,7 @@ class Engine:
         accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
+        drafted = out.drafted > 0  # else no proposer drafted: none has anything to learn (nor auto)
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
@@ -595,16 +596,18 @@ class Engine:
                 path = np.flatnonzero(accepted[b]).tolist()  # node order == depth order on a path
                 for j, i in enumerate(path):
                     slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            self.proposers[s.method].on_commit(s, trees[b], path)
+            if drafted:
+                self.proposers[s.method].on_commit(s, trees[b], path)
             tau = len(path)
             s.length += tau
             s.metrics.rounds += 1
             s.metrics.accept_lengths.append(tau)
             choice = out.choices[b]
             if choice is not None:  # auto: what it chose and expected, for calibration checks
-                self.adaptive.learn(s, trees[b], path, choice)
-                if choice.paths is not None:
-                    probed.append((s, choice, tau))
+                if drafted:
+                    self.adaptive.learn(s, trees[b], path, choice)
+                    if choice.paths is not None:
+                        probed.append((s, choice, tau))
                 s.metrics.budgets.append(choice.nodes)
                 s.metrics.predicted_taus.append(choice.predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1

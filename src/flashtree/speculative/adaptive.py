@@ -48,7 +48,7 @@ from .tree import DraftTree
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
-    from ..engine.sequence import Sequence
+    from ..engine.sequence import RequestMetrics, Sequence
 
 # path log-prob bin edges (ascending); 10 bins: (-inf, -6], (-6, -4], ..., (-0.15, 0]
 BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
@@ -393,9 +393,10 @@ PLAIN = Choice(0, 1.0, None)   # a plain round's choice (no draft: one token exp
 @dataclass(slots=True)
 class AutoState:
     setting: tuple                        # its sampling setting (see `setting`: a request's never changes)
+    metrics: RequestMetrics               # its request's metrics: `rounds` counts its committed rounds
     calibration: Calibration = field(default_factory=Calibration)
     last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
-    undrafted: int = 0                    # rounds since it last drafted
+    drafted_at: int = 0                   # metrics.rounds after the last round it drafted in (see undrafted)
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
@@ -407,6 +408,17 @@ class AutoState:
     repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
                                           # the last decision that read it: `repeats` runs in wants_draft
                                           # only, for a round that may draft or a regime with repeat credit)
+
+    @property
+    def undrafted(self) -> int:
+        """Rounds since it last drafted: counted by the request's own round count, so a plain
+        round costs the controller no call at all (a call per sequence and round was ~1/5 of
+        what auto's plain rounds cost beyond plain decoding's)."""
+        return self.metrics.rounds - self.drafted_at
+
+    @undrafted.setter
+    def undrafted(self, rounds: int) -> None:
+        self.drafted_at = self.metrics.rounds - rounds
 
 
 @dataclass(slots=True)
@@ -435,13 +447,13 @@ def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
         return st.repeats
     base = max(0, st.seen - n + 1)  # the first new n-gram starts here: it ends at max(seen + 1, n)
     toks = (P[base:] + out) if base < len(P) else out[base - len(P):]
-    grams, rep = st.grams, st.repeats
-    for i in range(len(toks) - n + 1):  # (a plain round: one n-gram; zip of slices cost ~1.5x)
-        g = tuple(toks[i:i + n])
-        rep = g in grams
-        grams.add(g)
-    st.repeats, st.seen = rep, total
-    return rep
+    new = list(zip(*(toks[i:] for i in range(n))))  # the new n-grams in order (a prompt's: ~1/5 the
+    if new:                                         # time of a tuple() per n-gram, ~0.8 us a token)
+        last = new[-1]  # it repeats if it occurred before: among the old n-grams or earlier new ones
+        st.repeats = last in st.grams or new.index(last) < len(new) - 1
+        st.grams.update(new)
+    st.seen = total
+    return st.repeats
 
 
 class AdaptiveBudget:
@@ -467,8 +479,9 @@ class AdaptiveBudget:
         if st is None:
             key = setting(seq)
             start = (self.starts.get(regime(key, batch or 1)) if self.starts else None) or self._peers_clock(seq)
-            st = self.states[seq] = AutoState(key) if start is None else \
-                AutoState(key, probe_gap=start[0], undrafted=start[1], prefers_plain=True, started_plain=True)
+            st = self.states[seq] = AutoState(key, seq.metrics, drafted_at=seq.metrics.rounds)
+            if start is not None:
+                st.probe_gap, st.undrafted, st.prefers_plain, st.started_plain = start[0], start[1], True, True
         if batch is not None:
             st.batch = batch
         return st
@@ -596,12 +609,12 @@ class AdaptiveBudget:
         return trees, choices
 
     def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
-        """After the commit: the verified nodes train the calibration; the drafted tree is the
-        next round's curve."""
-        st = self.state(seq)
-        if choice is PLAIN:  # a plain round (most rounds where drafting does not pay): nothing to learn
-            st.undrafted += 1
+        """After the commit (seq.metrics.rounds counts it): the verified nodes train the
+        calibration; the drafted tree is the next round's curve. A round that drafted nothing for
+        seq teaches nothing (its undrafted rounds count themselves), so the engine may skip it."""
+        if choice.paths is None:  # nothing drafted for it (its tree was the root)
             return
+        st = self.state(seq)
         if tree.size > 1:
             accepted = np.zeros(tree.size, dtype=bool)
             accepted[path] = True
@@ -609,8 +622,6 @@ class AdaptiveBudget:
         if choice.paths is not None:  # it drafted: a fresh curve (the verdict on the probe: settle)
             st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False
             self.steady = None
-        else:
-            st.undrafted += 1
 
     def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
         """After a round's commits: (sequence, its choice, its tau) for each auto sequence that

@@ -73,7 +73,9 @@ class Proposer:
     def on_commit(self, seq: Sequence, tree: DraftTree, path: list[int]) -> None:
         """The accepted nodes `path` of this round's `tree` (root first) are committed (their
         drafter features on their final rows when the method needs the drafter). Called before
-        the round's tokens are appended to `seq`."""
+        the round's tokens are appended to `seq`, after every round in which any sequence had a
+        draft; a round with none (every tree the root: no drafter pass, nothing copied) leaves
+        proposers as they were and is not reported."""
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine: drop its state."""
