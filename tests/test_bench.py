@@ -66,6 +66,10 @@ def test_bench_writes_consistent_report(bench):
         # paired: each repeat's pass against ar's pass of the same repeat, then the median
         pairs = [t / a for t, a in zip(c["tok_s_runs"], ar["tok_s_runs"])]
         assert c["speedup_runs"] == pytest.approx(pairs) and c["speedup_paired"] == pytest.approx(statistics.median(pairs))
+        if c["method"] != "ar":  # pooled: every repeat's tokens over its seconds, against ar's, and an interval around it
+            rate = lambda cell: sum(t * s for t, s in zip(cell["tok_s_runs"], cell["seconds_runs"])) / sum(cell["seconds_runs"])
+            lo, hi = c["speedup_pooled_95"]
+            assert c["speedup_pooled"] == pytest.approx(rate(c) / rate(ar)) and lo <= c["speedup_pooled"] <= hi
         if c["budget"] == "auto":  # its chosen sizes and expected tau, and no bound (its tree changes every round)
             assert 0 <= c["mean_budget"] <= 32 and c["predicted_tau"] >= 1
             assert c["bound"] is None and c["costs_ms"]["tree_size"] is None and c["costs_ms"]["draft"] > 0
@@ -307,3 +311,23 @@ def test_a_pass_is_its_slices_joined():
     assert j.timings == pytest.approx({"draft": 0.1, "verify": 2.0, "commit": 0.2})
     assert j.accept_lengths == [1, 2, 3] and j.token_ids == [[1, 2], [3], [4]]
     assert j.budgets == [0, 3, 5] and j.predicted_taus == [1.0, 2.5, 3.0]
+
+
+def test_the_pooled_interval_tells_a_one_percent_cost_from_the_machines_drift():
+    """Slices whose speed drifts by up to 30 % (both configurations alike, as back-to-back slices
+    do) with 0.5 % noise of their own: a configuration 1 % slower is told apart (the interval lies
+    below 1), an equal one is not (it covers 1) — the check the bench's `pooled [95%]` column makes."""
+    import numpy as np
+    from flashtree.benchmarking import Pass, pooled_ratio
+    rng = np.random.default_rng(3)
+
+    def passes(speeds, cost):  # 5 repeats of 16 slices, 128 tokens each
+        return [Pass.joined([Pass(seconds=128 / (v * (1 - cost)) * (1 + 0.005 * rng.standard_normal()), tokens=128)
+                             for v in rep]) for rep in speeds]
+    speeds = 800 * (1 + 0.3 * rng.random((5, 16)))
+    base = passes(speeds, 0.0)
+    r, lo, hi = pooled_ratio(passes(speeds, 0.01), base)
+    assert hi < 1.0 and r == pytest.approx(0.99, abs=0.004)
+    r, lo, hi = pooled_ratio(passes(speeds, 0.0), base)
+    assert lo < 1.0 < hi and hi - lo < 0.01
+    assert pooled_ratio([Pass(1.0, 10)], [Pass(1.0, 10)]) is None  # no slices: no interval

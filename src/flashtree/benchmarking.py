@@ -9,7 +9,8 @@ before hit them alike — this VM's speed shifts by 20-40 % for tens of seconds 
 whole passes back to back paired configurations up to a minute apart. A configuration's pass is
 its slices summed (`joined`); tok/s is the median over repeats after warm-up, and every speedup
 is a ratio of two medians measured in this process (or, `paired`, the median of per-repeat
-ratios). The bound for a speculative configuration is
+ratios; `pooled`, every slice's tokens and seconds summed, with a bootstrap interval over the
+paired slices: `pooled_ratio`). The bound for a speculative configuration is
 
     bound = tau * c(1) / (c_draft + c(N))
 
@@ -40,6 +41,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import UserError
@@ -81,6 +83,8 @@ class Pass:
     token_ids: list[list[int]] = field(default_factory=list)  # each prompt's output (greedy identity)
     budgets: list[int] = field(default_factory=list)         # budget="auto": nodes verified, every round
     predicted_taus: list[float] = field(default_factory=list)  # budget="auto": E[tau] of each round's choice
+    slice_seconds: list[float] = field(default_factory=list)  # a joined pass: each slice's seconds ...
+    slice_tokens: list[int] = field(default_factory=list)     # ... and tokens (in prompt order)
 
     @property
     def tok_s(self) -> float:
@@ -98,7 +102,8 @@ class Pass:
                     accept_lengths=[t for p in parts for t in p.accept_lengths], steps=sum(p.steps for p in parts),
                     timings=timings, token_ids=[t for p in parts for t in p.token_ids],
                     budgets=[b for p in parts for b in p.budgets],
-                    predicted_taus=[t for p in parts for t in p.predicted_taus])
+                    predicted_taus=[t for p in parts for t in p.predicted_taus],
+                    slice_seconds=[p.seconds for p in parts], slice_tokens=[p.tokens for p in parts])
 
     def per_step(self, phases: tuple[str, ...]) -> float:
         """Seconds per engine step spent in `phases`."""
@@ -544,6 +549,27 @@ def paired_ratios(passes: list[Pass], baseline: list[Pass]) -> list[float]:
     return [p.tok_s / b.tok_s for p, b in zip(passes, baseline) if b.tok_s]
 
 
+def pooled_ratio(passes: list[Pass], baseline: list[Pass], draws: int = 4000,
+                 seed: int = 0) -> tuple[float, float, float] | None:
+    """The tok/s ratio over every repeat's slices pooled (tokens and seconds summed per side)
+    and its 95 % bootstrap interval, resampling the paired slices (the same prompts, run back to
+    back): (ratio, low, high), or None without per-slice times. A slice pair runs within a second
+    or two, so it shares the machine's speed of the moment; the interval is what the run can tell
+    apart, e.g. whether a configuration is slower than plain decoding at all."""
+    pairs = [(a_s, a_t, b_s, b_t) for p, b in zip(passes, baseline)
+             if len(p.slice_seconds) == len(b.slice_seconds)
+             for a_s, a_t, b_s, b_t in zip(p.slice_seconds, p.slice_tokens, b.slice_seconds, b.slice_tokens)]
+    if not pairs:
+        return None
+    a_s, a_t, b_s, b_t = (np.asarray(col, dtype=float) for col in zip(*pairs))  # [S] each
+
+    def ratio(idx):  # (tokens / seconds) over (tokens / seconds), summed over the slices idx ([..., S])
+        return (a_t[idx].sum(-1) / a_s[idx].sum(-1)) / (b_t[idx].sum(-1) / b_s[idx].sum(-1))
+    boot = ratio(np.random.default_rng(seed).integers(0, len(pairs), size=(draws, len(pairs))))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(ratio(np.arange(len(pairs)))), float(lo), float(hi)
+
+
 def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
                     peers: list[dict], costs_by_mode: dict[bool | None, ComponentCosts]) -> list[dict]:
     """Cells of one (temperature, concurrency) group; `ar` is the baseline of the others. The
@@ -562,6 +588,7 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
         bound = costs.bound(cfg, tau, block_size)
         speedup = tok_s / ar_tok_s if ar_tok_s else None
         paired = paired_ratios(passes, runs[cfg.baseline])
+        pooled = pooled_ratio(passes, runs[cfg.baseline]) if cfg != cfg.baseline else None
         phases = sorted({k for p in passes for k in p.timings})
         out.append({
             "method": cfg.method, "budget": cfg.budget, "topk": cfg.topk, "compiled": cfg.compiled,
@@ -577,6 +604,7 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
             "predicted_tau": mean([t for p in passes for t in p.predicted_taus]),
             "phase_ms_per_step": {k: 1e3 * median([p.per_step((k,)) for p in passes]) for k in phases},
             "speedup_vs_ar": speedup, "speedup_paired": median(paired) if paired else None, "speedup_runs": paired,
+            "speedup_pooled": pooled and pooled[0], "speedup_pooled_95": pooled and [pooled[1], pooled[2]],
             "bound": bound,
             "bound_share": speedup / bound if speedup is not None and bound else None,
             "speedup_vs_peers": {q["name"]: tok_s / q["tok_s"] for q in peers if q["tok_s"]},
@@ -589,20 +617,26 @@ def _fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def pooled_label(cell: dict) -> str:
+    """'ratio [low, high]' of the pooled slices (see pooled_ratio), '-' without one."""
+    r, ci = cell.get("speedup_pooled"), cell.get("speedup_pooled_95")
+    return "-" if r is None else f"{r:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def table(report: dict) -> str:
     """The terminal table: one row per cell, then the peers."""
-    head = ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact", "x ar", "paired", "x hf", "x hf-pld",
-            "bound", "share"]
+    head = ["temp", "conc", "config", "tok/s", "tau", "pred", "N", "exact", "x ar", "paired", "pooled [95%]", "x hf",
+            "x hf-pld", "bound", "share"]
     rows = []
     for c in report["cells"]:
         vp = c["speedup_vs_peers"]
         rows.append([f"{c['temperature']:g}", str(c["concurrency"]), c["label"], _fmt(c["tok_s"], ".1f"),
                      _fmt(c["mean_accept_length"]), _fmt(c.get("predicted_tau")), _fmt(c.get("mean_budget"), ".1f"),
                      exact_label(c.get("exact")), _fmt(c["speedup_vs_ar"]), _fmt(c.get("speedup_paired")),
-                     _fmt(vp.get("hf_generate")), _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]),
+                     pooled_label(c), _fmt(vp.get("hf_generate")), _fmt(vp.get("hf_prompt_lookup")), _fmt(c["bound"]),
                      _fmt(c["bound_share"])])
     for q in report["peers"]:
-        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 10)
+        rows.append([f"{q['temperature']:g}", "1", q["name"], _fmt(q["tok_s"], ".1f")] + ["-"] * 11)
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
@@ -617,7 +651,9 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              f"(ignore_eos={m['ignore_eos']}), device {m['device']} {m['dtype']}, {m['repeats']} repeats "
              f"after {m['warmup']} warm-up; tok/s are medians, speedups ratios measured in this run "
              "(`x ar`: of the medians; `paired`: the median of each repeat's ratio to `ar`'s pass of the "
-             f"same repeat; the configurations run interleaved in slices of {m.get('slice_prompts', '?')} prompts). "
+             "same repeat; `pooled [95%]`: tokens over seconds of every repeat's slices summed, against `ar`'s "
+             "same slices, with a 95 % bootstrap interval over the paired slices; "
+             f"the configurations run interleaved in slices of {m.get('slice_prompts', '?')} prompts). "
              "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
              "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
              "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n down to 1).",
