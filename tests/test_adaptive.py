@@ -593,6 +593,12 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     assert ctl.wants_draft([calm(), calm(), loop(), loop(), loop()], 5)
     quiet = [calm(), calm(), calm(), loop(), loop()]  # once the rest cannot make a majority, they are not read
     assert not ctl.wants_draft(quiet, 5) and [ctl.state(s).seen for s in quiet] == [5, 5, 5, 0, 0]
+    newcomer = calm()  # ... and those already read go first: a newcomer's prompt is not read either
+    for s in quiet[:3]:
+        s.output_ids.append(6)
+    ctl.steady = None
+    assert not ctl.wants_draft([newcomer] + quiet, 6) and ctl.state(newcomer).seen == 0
+    assert [ctl.state(s).seen for s in quiet] == [6, 6, 6, 0, 0]
     # the gains are kept per batch size class: batches of 2-3 have their own (fresh: repeats call)
     assert set(ctl.repeat_gain) == {("ddtree", 0.0, 1)}
 
