@@ -553,9 +553,11 @@ def pooled_ratio(passes: list[Pass], baseline: list[Pass], draws: int = 4000,
                  seed: int = 0) -> tuple[float, float, float] | None:
     """The tok/s ratio over every repeat's slices pooled (tokens and seconds summed per side)
     and its 95 % bootstrap interval, resampling the paired slices (the same prompts, run back to
-    back): (ratio, low, high), or None without per-slice times. A slice pair runs within a second
-    or two, so it shares the machine's speed of the moment; the interval is what the run can tell
-    apart, e.g. whether a configuration is slower than plain decoding at all."""
+    back): (ratio, low, high), or None without per-slice times. The two slices of a pair run a few
+    seconds apart at most (the other configurations' slices between them), so they share the
+    machine's speed of the moment; the interval is what the run can tell apart, e.g. whether a
+    configuration is slower than plain decoding at all. (It treats slices as independent; an
+    auto configuration's state carries from one slice to the next within a pass.)"""
     pairs = [(a_s, a_t, b_s, b_t) for p, b in zip(passes, baseline)
              if len(p.slice_seconds) == len(b.slice_seconds)
              for a_s, a_t, b_s, b_t in zip(p.slice_seconds, p.slice_tokens, b.slice_seconds, b.slice_tokens)]
