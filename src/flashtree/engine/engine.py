@@ -585,7 +585,7 @@ class Engine:
         accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
         slots, src, dst, probed = [], [], [], []
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
-        drafted = out.drafted > 0  # else no proposer drafted: none has anything to learn (nor auto)
+        drafted = out.drafted > 0  # else no proposer drafted: none has anything to learn
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
@@ -604,10 +604,9 @@ class Engine:
             s.metrics.accept_lengths.append(tau)
             choice = out.choices[b]
             if choice is not None:  # auto: what it chose and expected, for calibration checks
-                if drafted:
+                if choice.paths is not None:  # it drafted: calibrate, and the round's verdict covers it
                     self.adaptive.learn(s, trees[b], path, choice)
-                    if choice.paths is not None:
-                        probed.append((s, choice, tau))
+                    probed.append((s, choice, tau))
                 s.metrics.budgets.append(choice.nodes)
                 s.metrics.predicted_taus.append(choice.predicted_tau)
             self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1

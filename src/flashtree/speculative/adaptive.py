@@ -518,8 +518,8 @@ class AdaptiveBudget:
         # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
         callers = [(s, st) for s, st in zip(seqs, states) if st.prefers_plain and self._credit(st)]
         # those whose n-grams are up to date first: a count that stops early then never reads the
-        # others (catching up on a newcomer's prompt, ~90 n-grams, cost ~45 us a call mid-round at
-        # C=8, T=1, where a batch's newcomers were read ~0.2 times a step)
+        # others (catch-ups, mostly newcomers' prompts: ~70 n-grams and ~45 us a call mid-round,
+        # ~0.2 calls a step at C=8, T=1, wrapped timing, before repeats() caught up with zip)
         callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].seen)
         due = not c.measured or not c.draft_s or any(self._due(st) for st in states) \
             or self._repeats_call(callers, batch)
@@ -615,7 +615,8 @@ class AdaptiveBudget:
     def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
         """After the commit (seq.metrics.rounds counts it): the verified nodes train the
         calibration; the drafted tree is the next round's curve. A round that drafted nothing for
-        seq teaches nothing (its undrafted rounds count themselves), so the engine may skip it."""
+        seq teaches nothing (its undrafted rounds count themselves): the engine calls it only for
+        a sequence that drafted."""
         if choice.paths is None:  # nothing drafted for it (its tree was the root)
             return
         st = self.state(seq)
