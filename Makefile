@@ -26,11 +26,14 @@ chromium:
 	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
 	  echo "chromium could not be installed: the trace rendering test will skip (or fail under FLASHTREE_REQUIRE_CHROMIUM=1)"
 
+# the suite's tests run one torch thread each: one worker per core (override: make test TEST_WORKERS=1)
+TEST_WORKERS ?= 2
+
 test: setup chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup
 	$(BIN)/flashtree bench
