@@ -26,7 +26,8 @@ chromium:
 	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
 	  echo "chromium could not be installed: the trace rendering test will skip (or fail under FLASHTREE_REQUIRE_CHROMIUM=1)"
 
-# the suite's tests run one torch thread each: one worker per core (override: make test TEST_WORKERS=1)
+# the suite's tests run one torch thread each: two workers, one per core of the 2-core CI machine
+# (make test TEST_WORKERS=0: serially, in one process; more on a bigger machine)
 TEST_WORKERS ?= 2
 
 test: setup chromium
