@@ -21,7 +21,7 @@ from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable,
                                             path_logprobs, prefix)
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
-from helpers import cost_table as table, pin
+from helpers import cost_table as table, pin, repetitive_prompts
 from serving import Running, metric
 from test_spec_greedy import prompts  # the same random prompts as the fixed-budget greedy checks
 
@@ -127,6 +127,20 @@ def test_round_costs_follow_every_record():
     c.observe(1, 4, 1, {"verify_forward": 4e-3, "draft": 1e-3, "verify_walk": 0.5e-3}, seconds=6.5e-3)
     assert c.round_cost(1, 4) == pytest.approx(4e-3 + 0.5e-3 + 1e-3)  # walk 0.2 + 3 rows x 0.1; overhead 1
     assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
+
+
+def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
+    """n-gram chains need no drafter pass: rounds in which only they drafted record no drafter
+    cost (counted as a pass, their lookups' ~0.2 ms went into the table as the pass's cost, and
+    an auto request joining later would draft on it)."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ngram", max_batch_size=4, max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    seqs = [eng.add_request(p, params) for p in repetitive_prompts(8)]
+    while eng.has_work():
+        eng.step()
+    assert sum(t > 1 for s in seqs for t in s.metrics.accept_lengths) > 5  # chains drafted and accepted
+    assert eng.adaptive.costs.verify_s and not eng.adaptive.costs.draft_s  # rounds timed; no pass among them
 
 
 def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_cost(models):

@@ -117,7 +117,8 @@ class RoundOutput:
     vin: VerifyInput
     vout: VerifyOutput
     choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
-    drafted: int                    # sequences the drafter pass ran for
+    drafted: int                    # sequences with a draft, any method's (0: no proposer has anything to learn)
+    passed: int                     # sequences the drafter pass ran for (what it cost counts: fit, the cost table)
     caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
                                     # prompt, or what it decoded plainly since it last drafted): 0 = a steady pass
 
@@ -368,7 +369,7 @@ class Engine:
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
                 out = parts[0][1]
                 spent = time.perf_counter() - t0 - sum(self.round_times.get(k, 0.0) for k in ("seed_costs", "prefill"))
-                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.drafted, self.round_times, spent,
+                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.passed, self.round_times, spent,
                                             out.caught_up)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
@@ -381,9 +382,11 @@ class Engine:
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)
+        # an n-gram chain is no drafter pass: counted as one, its microseconds became the pass's cost
+        passed = sum(d is not None and self.proposers[s.method].needs_drafter for s, d in zip(batch, drafts))
         fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
-        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, drafted, caught_up,  # auto: cut to size
+        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, passed, caught_up,  # auto: cut to size
                                      self._held())
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
@@ -392,7 +395,7 @@ class Engine:
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
-        return RoundOutput(trees, vin, vout, choices, drafted, caught_up)
+        return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up)
 
     def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
         """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
@@ -616,7 +619,7 @@ class Engine:
             self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
         self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
         self.runner.move(slots, src, dst)
-        drafter_wrote = self.drafts is not None and out.drafted > 0  # only a drafter pass writes its rows
+        drafter_wrote = out.passed > 0  # only a drafter pass writes its rows
         for s in batch:
             # rejected nodes' pages go back, past those the next round reserves again anyway
             self.blocks.trim(s.slot, s.length + self._round_rows(s))
