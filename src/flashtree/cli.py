@@ -14,6 +14,9 @@ from .errors import is_user_error
 
 COMMANDS = {
     "generate": ("flashtree.commands.generate", "generate text for a prompt (streams to the terminal)"),
+    "chat": ("flashtree.commands.chat", "an interactive chat in the terminal (/reset, /exit)"),
+    "models": ("flashtree.commands.models", "list the models flashtree knows by name"),
+    "convert": ("flashtree.commands.convert", "convert a .gguf file into an HF directory"),
     "serve": ("flashtree.server.app", "run the OpenAI-compatible HTTP server"),
     "bench": ("flashtree.commands.bench", "benchmark methods x budgets x temperatures x concurrency vs peers"),
     "verify": ("flashtree.commands.verify", "statistical losslessness report (exit code != 0 on failure)"),
@@ -71,8 +74,8 @@ def _torchrun_worker(args) -> bool:
     from .distributed import tp
     if not tp.under_torchrun() or int(os.environ["RANK"]) == 0:
         return False
-    from .llm import BUNDLED_TARGET
-    tp.serve_worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.model or str(BUNDLED_TARGET),
+    from .models.registry import resolve
+    tp.serve_worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), str(resolve(args.model).target),
                     args.dtype, args.device)
     return True
 

@@ -13,13 +13,11 @@ from .engine.engine import Engine, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence
 from .errors import UserError
 from .models.loader import load_drafter, load_target
+from .models.registry import BUNDLED_DRAFTER, BUNDLED_TARGET, resolve  # noqa: F401 (re-exported)
 from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
 
-BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
-BUNDLED_TARGET = BUNDLED_DIR / "target"
-BUNDLED_DRAFTER = BUNDLED_DIR / "drafter"
 
 
 def _progress(total: int, use_tqdm: bool):
@@ -47,9 +45,9 @@ class LLM:
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int | None = None, tensor_parallel_size: int = 1):
-        if model is None:
-            model = BUNDLED_TARGET
-            draft = BUNDLED_DRAFTER if draft is None else draft
+        found = resolve(model, draft)  # a name, an HF directory or a .gguf (converted once, cached)
+        model, draft = found.target, found.drafter
+        self.model_name = found.name
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,
@@ -58,7 +56,9 @@ class LLM:
                                   "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
-            raise UserError(f"method '{method}' needs a drafter: pass draft=DIR (a DFlash checkpoint) or use {free}")
+            whose = f"model '{found.name}' has no trained drafter yet" if found.name else "no drafter was given"
+            raise UserError(f"method '{method}' needs a drafter and {whose}: pass draft=DIR (a DFlash "
+                            f"checkpoint) or use {free}")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
         tp = self._tensor_parallel(tensor_parallel_size, config, dtype, device)
         self.target = load_target(model, dtype=dtype, device=device, tp=tp).fuse()
@@ -205,11 +205,15 @@ class LLM:
         seq = self.engine.add_request(self._ids(prompt), params or SamplingParams(), **kw)
         self.last = seq
         sent = ""
-        while not seq.finished:
-            self.engine.step()
-            text = self.text_of(seq)
-            if text.endswith("\ufffd") and not seq.finished:
-                continue
-            if len(text) > len(sent):
-                yield text[len(sent):]
-                sent = text
+        try:
+            while not seq.finished:
+                self.engine.step()
+                text = self.text_of(seq)
+                if text.endswith("\ufffd") and not seq.finished:
+                    continue
+                if len(text) > len(sent):
+                    yield text[len(sent):]
+                    sent = text
+        finally:  # a consumer that stops early (Ctrl-C, break) leaves no request behind
+            if not seq.finished:
+                self.engine.abort(seq)

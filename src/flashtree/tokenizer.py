@@ -1,6 +1,7 @@
 """Tokenizer: `tokenizer.json` through the `tokenizers` library, the chat template from
-`tokenizer_config.json` rendered with jinja2 the way transformers renders it, and eos ids from
-config.json / generation_config.json / the tokenizer's eos token. No model code here.
+`chat_template.jinja` (where current transformers writes it) or `tokenizer_config.json`,
+rendered with jinja2 the way transformers renders it, and eos ids from config.json /
+generation_config.json / the tokenizer's eos token. No model code here.
 
 Special tokens typed by a user are text: `encode(text, special=False)` and `encode_chat` turn
 '<|endoftext|>' in user content into ordinary tokens, while the chat template's own special
@@ -38,13 +39,17 @@ class Tokenizer:
         self.tk = HFTokenizer.from_file(str(tj))
         cfg_path = path / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template: str | None = cfg.get("chat_template")
+        jinja = path / "chat_template.jinja"  # transformers >= 4.53 saves the template here, and prefers it
+        self.chat_template: str | None = jinja.read_text() if jinja.is_file() else cfg.get("chat_template")
         if isinstance(self.chat_template, list):  # named templates: take "default"
             named = {t["name"]: t["template"] for t in self.chat_template}
             self.chat_template = named.get("default") or next(iter(named.values()))
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token is not None
+        # the special tokens with a role (bos, eos, pad, unk): never free for another use
+        self.role_tokens = tuple(t for t in (_token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token",
+                                                                                "unk_token")) if t)
         eos = set()
         for name in ("config.json", "generation_config.json"):
             f = path / name
@@ -105,7 +110,8 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise UserError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
+            raise UserError("this model has no chat template (neither chat_template.jinja nor a chat_template in "
+                            "tokenizer_config.json); use generate() with a prompt")
         if not isinstance(messages, list) or not messages:
             raise UserError("messages must be a non-empty list of {'role', 'content'} dicts")
         for i, m in enumerate(messages):

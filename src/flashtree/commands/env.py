@@ -130,7 +130,9 @@ def device_info(device: str = "auto") -> dict:
         return {**info, "selected": None, "error": str(e), "dtypes": {}}
     info["selected"] = str(dev)
     info["dtypes"] = dtype_support(dev)
-    info["auto_dtype"] = "checkpoint dtype (config.json torch_dtype)" if dev.type == "cuda" else "float32"
+    from ..models.loader import auto_dtype
+    dt, why = auto_dtype(dev)
+    info["auto_dtype"] = f"{str(dt).removeprefix('torch.')} ({why})"
     return info
 
 
@@ -311,11 +313,14 @@ def torch_compile(device: str, timeout: float | None) -> dict:
 
 def model_pair(model: str | None, draft: str | None) -> dict:
     """The pair `LLM(model, draft)` would load, its key config, and what it makes available."""
-    from ..llm import BUNDLED_DRAFTER, BUNDLED_TARGET
+    from ..models.registry import resolve
     from ..speculative.proposer import METHODS, proposer_class
     bundled = model is None
-    tdir = Path(model) if model else BUNDLED_TARGET
-    ddir = Path(draft) if draft else (BUNDLED_DRAFTER if bundled else None)
+    try:
+        found = resolve(model, draft)
+        tdir, ddir = found.target, found.drafter
+    except ValueError:  # reported below as the target's error
+        tdir, ddir = Path(str(model)), Path(draft) if draft else None
     target = describe_target(tdir)
     drafter = describe_drafter(ddir, tdir) if ddir is not None else None
     if target["error"]:

@@ -21,8 +21,9 @@ def budget_arg(text: str) -> int | str:
 
 def add_model_arguments(p) -> None:
     """Options shared by every command that loads a model pair."""
-    p.add_argument("--model", default=None, help="target HF directory (default: the bundled target)")
-    p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the bundled drafter)")
+    p.add_argument("--model", default=None, help="a model name (flashtree models), an HF directory or a .gguf "
+                   "file (default: the default model, see flashtree models)")
+    p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the named model's own)")
     p.add_argument("--method", default="ddtree", choices=METHODS, help="decoding method (default: ddtree)")
     p.add_argument("--budget", type=budget_arg, default=None,
                    help="DDTree draft nodes per round, or 'auto': the size that maximises tokens/s, chosen "
@@ -111,7 +112,7 @@ def add_prompt_arguments(p) -> None:
 def resolve_prompt(llm, args) -> str:
     if args.chat:
         if not llm.tokenizer.chat_template:
-            raise UserError(f"--chat: {llm.model_path}/tokenizer_config.json has no chat_template")
+            raise UserError(f"--chat: the model in {llm.model_path} has no chat template")
         return llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     return args.prompt
 

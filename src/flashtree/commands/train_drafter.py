@@ -7,7 +7,8 @@ from pathlib import Path
 def add_arguments(p) -> None:
     from ..train.drafter import DrafterRecipe
     d = DrafterRecipe()
-    p.add_argument("--target", required=True, help="target HF directory (with tokenizer files)")
+    p.add_argument("--target", required=True, help="target: a model name (flashtree models), an HF directory "
+                   "or a .gguf file")
     p.add_argument("--out", required=True, help="output drafter directory (z-lab DFlash format)")
     p.add_argument("--work", default=None, help="data/checkpoint directory (default: OUT/../<name>-work)")
     p.add_argument("--block-size", type=int, default=d.block_size)
@@ -27,6 +28,9 @@ def add_arguments(p) -> None:
                    help="start from this trained drafter (same shape; fc refit to --target-layer-ids)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this long")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--target-dtype", default=d.target_dtype, help="the target's dtype for data and features "
+                   "(auto: the one it serves in on this machine)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between checkpoints and held-out τ")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -45,15 +49,16 @@ def run(args) -> int:
                            mask_token_id=args.mask_token_id, num_sequences=args.num_sequences,
                            response_tokens=args.response_tokens, anchors=args.anchors,
                            batch_size=args.batch_size, steps=args.steps, lr=args.lr,
-                           warm_start=not args.no_warm_start, seed=args.seed)
+                           warm_start=not args.no_warm_start, seed=args.seed, target_dtype=args.target_dtype,
+                           eval_every=args.eval_every)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}-work"
-    if not Path(args.target).is_dir():
-        raise UserError(f"{args.target}: target directory not found")
+    from ..models.registry import resolve
+    target_dir = resolve(args.target).target
     init_from = Path(args.init_from) if args.init_from else None
     if init_from is not None and not init_from.is_dir():
         raise UserError(f"{args.init_from}: drafter directory not found")
-    report = train_drafter(Path(args.target), out, work, recipe, resume=args.resume, max_minutes=args.max_minutes,
+    report = train_drafter(target_dir, out, work, recipe, resume=args.resume, max_minutes=args.max_minutes,
                            init_from=init_from)
     print(f"saved drafter to {out} ({report['steps']} steps, {report['train_hours']:.2f} h)")
     return 0

@@ -16,6 +16,13 @@
 // + b[n], whatever the tile, the thread or the number of rows: a row's result does not depend on
 // which other rows share the call (batch-invariant), unlike MKL's.
 //
+// bfloat16: the weight is packed as bf16 (half the bytes a decode step streams) and widened to
+// float32 in registers (a bf16 is the top half of a float32: zero-extend, shift left 16); x is
+// widened once, the sums are the same float32 sums, and y is rounded to bf16 at the end, as
+// at::linear rounds its float32 accumulators. Why not oneDNN: on the reference Xeon (AMX, 2
+// cores) its bf16 linear cost 127-180 us a call for SmolLM2's 0.7-3.5 MB projections at 1-16
+// rows, 2-5x their bandwidth bound (scripts/measure_projections.py).
+//
 // Above kMaxRows rows (prefill) the call goes to at::linear, whose blocked GEMM is made for it.
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -34,9 +41,16 @@ constexpr int kW = 16;            // panel width: two 8-float vectors
 // Zen 3 the kernel was still 1.1x MKL at 256 rows; on an AVX-512 CPU MKL may win sooner (unmeasured).
 constexpr int64_t kMaxRows = 256;
 
+// 8 weights of a panel row as float32: a float32 load, or bf16 widened (bits << 16).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
 // y[MR, <=16P] = x[MR, K] @ panels[P]; ncols = valid columns left from this tile's first.
-template <int MR, int P>
-inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict wp, int64_t K,
+template <int MR, int P, typename WT>
+inline void tile(const float* __restrict x, int64_t ldx, const WT* __restrict wp, int64_t K,
                  float* __restrict y, int64_t ldy, const float* __restrict bias, int64_t ncols) {
   __m256 acc[MR][2 * P];
 #pragma GCC unroll 32
@@ -48,8 +62,8 @@ inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict
     __m256 w[2 * P];
 #pragma GCC unroll 32
     for (int p = 0; p < P; ++p) {
-      w[2 * p] = _mm256_loadu_ps(wp + p * ps + k * kW);
-      w[2 * p + 1] = _mm256_loadu_ps(wp + p * ps + k * kW + 8);
+      w[2 * p] = load8(wp + p * ps + k * kW);
+      w[2 * p + 1] = load8(wp + p * ps + k * kW + 8);
     }
 #pragma GCC unroll 32
     for (int m = 0; m < MR; ++m) {
@@ -76,71 +90,81 @@ inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict
 
 // MR rows over np panels, P panels per tile: 1x4, 2x2, then 3..6 rows x 1 (8..12 sums each,
 // within the 16 vector registers with the weight vectors and the broadcast).
-template <int MR>
-inline void tiles(const float* x, int64_t ldx, const float* wp, int64_t np, int64_t K, float* y,
+template <int MR, typename WT>
+inline void tiles(const float* x, int64_t ldx, const WT* wp, int64_t np, int64_t K, float* y,
                   int64_t ldy, const float* bias, int64_t ncols) {
   constexpr int P = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
   int64_t q = 0;
   for (; q + P <= np; q += P)
-    tile<MR, P>(x, ldx, wp + q * K * kW, K, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
+    tile<MR, P, WT>(x, ldx, wp + q * K * kW, K, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
   for (; q < np; ++q)
-    tile<MR, 1>(x, ldx, wp + q * K * kW, K, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
+    tile<MR, 1, WT>(x, ldx, wp + q * K * kW, K, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
 }
 
 // Every row over np panels: tiles of 6 rows, then one of the remaining 1..5. The panels stay in
 // L1/L2 while the row tiles pass over them.
-inline void rows(const float* x, int64_t ldx, int64_t M, const float* wp, int64_t np, int64_t K, float* y,
+template <typename WT>
+inline void rows(const float* x, int64_t ldx, int64_t M, const WT* wp, int64_t np, int64_t K, float* y,
                  int64_t ldy, const float* bias, int64_t ncols) {
   int64_t m = 0;
-  for (; m + 6 <= M; m += 6) tiles<6>(x + m * ldx, ldx, wp, np, K, y + m * ldy, ldy, bias, ncols);
+  for (; m + 6 <= M; m += 6) tiles<6, WT>(x + m * ldx, ldx, wp, np, K, y + m * ldy, ldy, bias, ncols);
   const float* xm = x + m * ldx;
   float* ym = y + m * ldy;
   switch (M - m) {
-    case 5: tiles<5>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
-    case 4: tiles<4>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
-    case 3: tiles<3>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
-    case 2: tiles<2>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
-    case 1: tiles<1>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
+    case 5: tiles<5, WT>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
+    case 4: tiles<4, WT>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
+    case 3: tiles<3, WT>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
+    case 2: tiles<2, WT>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
+    case 1: tiles<1, WT>(xm, ldx, wp, np, K, ym, ldy, bias, ncols); break;
     default: break;
   }
 }
 
-// x [..., K] float32; weight [N, K] (used above kMaxRows rows); packed [ceil(N/16), K, 16];
-// bias [N] or none -> [..., N]
+// x [..., K] and weight [N, K] (used above kMaxRows rows) float32 or both bfloat16; packed
+// [ceil(N/16), K, 16] in the weight's dtype; bias [N] in it or none -> [..., N] in x's dtype
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& packed,
                  const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "flashtree::dense: x must be float32 on the CPU");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "flashtree::dense: weight must be [N, K] float32");
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(x.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16),
+              "flashtree::dense: x must be float32 or bfloat16 on the CPU");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == dt, "flashtree::dense: weight must be [N, K] in x's dtype");
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::dense: x has ", x.size(-1), " features, the weight ", K);
   TORCH_CHECK(packed.dim() == 3 && packed.size(0) == (N + kW - 1) / kW && packed.size(1) == K &&
-              packed.size(2) == kW && packed.is_contiguous() && packed.scalar_type() == at::kFloat,
-              "flashtree::dense: packed weight must be [ceil(N/16), K, 16] float32, contiguous");
+              packed.size(2) == kW && packed.is_contiguous() && packed.scalar_type() == dt,
+              "flashtree::dense: packed weight must be [ceil(N/16), K, 16] in x's dtype, contiguous");
   if (bias.has_value())
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous() && bias->scalar_type() == at::kFloat,
-                "flashtree::dense: bias must be [N] float32, contiguous");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dt,
+                "flashtree::dense: bias must be [N] in x's dtype");
   int64_t M = 1;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
   if (M > kMaxRows) return at::linear(x, weight, bias);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  at::Tensor y = at::empty(shape, x.options());
-  if (M == 0 || N == 0) return y;
-  if (K == 0) return bias.has_value() ? y.copy_(bias->expand(shape)) : y.zero_();
-  const at::Tensor x2 = x.reshape({M, K}).contiguous();
+  at::Tensor y = at::empty(shape, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return y.to(dt);
+  if (K == 0) return (bias.has_value() ? y.copy_(bias->expand(shape)) : y.zero_()).to(dt);
+  const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
+  const at::Tensor b2 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* xp = x2.data_ptr<float>();
-  const float* w = packed.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const float* b = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t P = packed.size(0);
   constexpr int64_t G = 4;  // panels per task (64 columns)
   const int64_t groups = (P + G - 1) / G;
   const int64_t grain = M * N * K < (1 << 16) ? groups : 1;  // tiny products: one thread
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
-    rows(xp, K, M, w + p0 * K * kW, p1 - p0, K, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
-  });
-  return y;
+  auto run = [&](auto* w) {
+    at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+      const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
+      rows(xp, K, M, w + p0 * K * kW, p1 - p0, K, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
+    });
+  };
+  if (dt == at::kFloat) {
+    run(packed.data_ptr<float>());
+    return y;
+  }
+  run(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()));
+  return y.to(at::kBFloat16);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-"""The CPU kernels: the projection kernel (`cpu_dense.cpp`), paged attention (`cpu_attention.cpp`),
+"""The CPU kernels: the projection kernels (`cpu_dense.cpp`; bf16 dot products in
+`cpu_dense_bf16.cpp`), paged attention (`cpu_attention.cpp`),
 a small top-k (`cpu_topk.cpp`) and the sampler's filters and draw (`cpu_sample.cpp`) — built
 together once, then packing weights for the first and calling them.
 
@@ -46,18 +47,38 @@ MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the 
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
 TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
 _SOURCES = [str(Path(__file__).with_name(f))
-            for f in ("cpu_dense.cpp", "cpu_attention.cpp", "cpu_topk.cpp", "cpu_sample.cpp")]
+            for f in ("cpu_dense.cpp", "cpu_dense_bf16.cpp", "cpu_attention.cpp", "cpu_topk.cpp", "cpu_sample.cpp")]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (None where they cannot be read)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return frozenset(flags.split(":", 1)[1].split()) if flags else None
 
 
 def _cpu_has_avx2_fma() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
+    flags = cpu_flags()
+    if flags is None:
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return {"avx2", "fma"} <= set(flags.split())
+    return {"avx2", "fma"} <= flags
+
+
+def cpu_bf16_native() -> str | None:
+    """The instructions that multiply bf16 natively on this CPU ('amx_bf16', 'avx512_bf16'), or None."""
+    flags = cpu_flags() or frozenset()
+    return next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), None)
+
+
+def bf16_dot() -> bool:
+    """bf16 projections use the AVX512-BF16 dot-product kernel (`cpu_dense_bf16.cpp`)."""
+    return {"avx512f", "avx512_bf16"} <= (cpu_flags() or frozenset())
 
 
 def _why_not() -> str | None:
@@ -131,6 +152,7 @@ def _load() -> str | None:
                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
                      verbose=False)
             torch.library.register_fake("flashtree::dense")(_dense_shape)
+            torch.library.register_fake("flashtree::dense_bf16")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
@@ -187,14 +209,24 @@ def sample_rows(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, 
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] -> packed [ceil(N/16), K, 16]: packed[p, k, c] = weight[16p + c, k], zeros past N."""
+    """weight [N, K] -> packed [ceil(N/16), K, 16]: packed[p, k, c] = weight[16p + c, k], zeros past N;
+    bf16 on a CPU with AVX512-BF16, the dot-product kernel's layout with k in pairs:
+    [ceil(N/16), ceil(K/2), 16, 2], packed[p, j, c, e] = weight[16p + c, 2j + e] (zeros past N and K)."""
     n, k = weight.shape
     p = -(-n // PANEL)
+    if weight.dtype == torch.bfloat16 and bf16_dot():
+        kk = k + k % 2
+        padded = torch.zeros(p * PANEL, kk, dtype=weight.dtype, device=weight.device)
+        padded[:n, :k] = weight.detach()
+        return padded.view(p, PANEL, kk // 2, 2).transpose(1, 2).contiguous()
     padded = torch.zeros(p * PANEL, k, dtype=weight.dtype, device=weight.device)
     padded[:n] = weight.detach()
     return padded.view(p, PANEL, k).transpose(1, 2).contiguous()
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] @ weight.T + bias through the kernel (call only when `available()`)."""
+    """x [..., K] @ weight.T + bias through the kernel (call only when `available()`); the packed
+    layout (`pack`) says which: k pairs for the bf16 dot-product kernel, else `cpu_dense.cpp`."""
+    if packed.dim() == 4:
+        return torch.ops.flashtree.dense_bf16(x, weight, packed, bias)
     return torch.ops.flashtree.dense(x, weight, packed, bias)

@@ -24,14 +24,15 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     """x @ weight.T + bias; x [..., in], weight [out, in] -> [..., out].
 
     With `packed` (the weight in `cpu_dense`'s panels, made by `Linear.pack` for the model runner)
-    and a float32 CPU input: the CPU kernel (`cpu_dense.cpp`), eager or compiled — ~3-5x faster
-    than MKL for the 1..33 rows a decode step multiplies on the reference CPU, and batch-invariant.
+    and a CPU input of the packed dtype (float32 or bfloat16): the CPU kernel (`cpu_dense.cpp`),
+    eager or compiled — ~3-5x faster than MKL (float32) or oneDNN (bfloat16) for the rows a decode
+    step multiplies on the reference CPUs, and batch-invariant.
     Without it, one row on a CPU inside a compiled graph is written as a multiply-and-sum, which
     inductor turns into one vectorised reduction streaming each weight once (~3x faster than
     MKL's GEMV there; more rows stay one GEMM: the sum costs a weight pass per row). Everything
     else (CUDA, training, other dtypes) is `F.linear`. The forms differ only in rounding.
     """
-    if packed is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
+    if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype and not x.requires_grad:
         return cpu_dense.dense(x, weight, packed, bias)
     if torch.compiler.is_compiling() and x.device.type == "cpu" and math.prod(x.shape[:-1]) == 1:
         # (math.prod keeps symbolic sizes symbolic; torch.Size.numel() would make export specialise them)
@@ -42,8 +43,8 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 def _kernel_applies(t: torch.Tensor) -> bool:
-    """The CPU kernel serves float32 CPU tensors, where it builds."""
-    return t.device.type == "cpu" and t.dtype == torch.float32 and cpu_dense.available()
+    """The CPU projection kernel serves float32 and bfloat16 CPU tensors, where it builds."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and cpu_dense.available()
 
 
 def _packed_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
@@ -72,7 +73,7 @@ class Linear(nn.Linear):
 
 def pack_projections(model: nn.Module) -> bool:
     """Pack every projection of `model` for the CPU kernel (inference only: weights frozen from
-    here on). False, changing nothing, where the kernel does not apply (not a float32 CPU model,
+    here on). False, changing nothing, where the kernel does not apply (not a float32/bf16 CPU model,
     no AVX2, no compiler, FLASHTREE_CPU_KERNEL=0)."""
     p = next(model.parameters(), None)
     if p is None or not _kernel_applies(p):
@@ -158,7 +159,7 @@ class Paged:
 
 def paged_applies(cache: torch.Tensor) -> bool:
     """The CPU attention kernel reads this cache in place (float32 on a CPU where it builds, no grad)."""
-    return _kernel_applies(cache) and not torch.is_grad_enabled()
+    return cache.dtype == torch.float32 and _kernel_applies(cache) and not torch.is_grad_enabled()
 
 
 class Attention(nn.Module):
@@ -239,10 +240,12 @@ class Attention(nn.Module):
 
 
     def attend_paged(self, q, k, v, past: Paged) -> torch.Tensor:
-        # q: [B, T, H, D]; k, v: [B, N, Hkv, D] of the new rows; cached rows read through past
-        out = cpu_dense.paged_attention(q, k, v, past.k_cache, past.v_cache, past.table, past.lengths, past.vis,
-                                        past.page_size)                  # [B, T, H, D]
-        return self.o_proj(out.flatten(2))                               # [B, T, hidden]
+        # q: [B, T, H, D]; k, v: [B, N, Hkv, D] of the new rows; cached rows read through past.
+        # The kernel computes in the cache's float32 (a bf16 model's q/k/v widen exactly).
+        dt = past.k_cache.dtype
+        out = cpu_dense.paged_attention(q.to(dt), k.to(dt), v.to(dt), past.k_cache, past.v_cache, past.table,
+                                        past.lengths, past.vis, past.page_size)  # [B, T, H, D]
+        return self.o_proj(out.to(q.dtype).flatten(2))                   # [B, T, hidden]
 
 
 class MLP(nn.Module):

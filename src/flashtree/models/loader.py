@@ -7,6 +7,7 @@ against its target. Every failure names the file and the tensor or field at faul
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -18,6 +19,8 @@ from .drafter import DFlashDrafter
 from .layers import rope_inv_freq
 from .parallel import TPGroup, local_config, make_all_reduce, shard_index
 from .target import TargetModel
+
+log = logging.getLogger("flashtree.models")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -33,16 +36,31 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dir: Path | None = None) -> torch.dtype:
-    """'auto' = float32 on CPU (no fast bf16 kernels there), the checkpoint's dtype on CUDA."""
+def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """dtype='auto': (dtype, why). bfloat16 on CUDA and on a CPU that multiplies bf16 natively
+    (AMX or AVX512-BF16: the projections then stream half the bytes at the same speed per
+    byte); float32 elsewhere, where bf16 products are emulated and slower than float32.
+    FLASHTREE_DTYPE (a dtype name) overrides the choice, as FLASHTREE_COMPILE does compile's."""
+    import os
+    forced = os.environ.get("FLASHTREE_DTYPE", "").strip()
+    if forced and forced != "auto":
+        if forced not in DTYPES:
+            raise ValueError(f"FLASHTREE_DTYPE='{forced}' is not a dtype; use one of auto, {', '.join(DTYPES)}")
+        return DTYPES[forced], f"FLASHTREE_DTYPE={forced}"
+    if device.type == "cuda":
+        return torch.bfloat16, "CUDA"
+    from . import cpu_dense
+    native = cpu_dense.cpu_bf16_native()
+    if native is not None:
+        return torch.bfloat16, f"this CPU has {native}"
+    return torch.float32, "this CPU has no native bf16 products (no amx_bf16 / avx512_bf16)"
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type != "cuda" or config_dir is None:
-            return torch.float32
-        raw = json.loads((config_dir / "config.json").read_text())
-        name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        return DTYPES.get(name, torch.float32)
+        return auto_dtype(device)[0]
     if dtype not in DTYPES:
         raise ValueError(f"dtype '{dtype}' is not supported; use one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -119,7 +137,9 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev, path)
+    dt = resolve_dtype(dtype, dev)
+    if dtype == "auto":
+        log.info("dtype auto: %s (%s)", str(dt).removeprefix("torch."), auto_dtype(dev)[1])
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
     model = model.to_empty(device=dev).to(dt)

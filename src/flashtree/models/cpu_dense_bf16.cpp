@@ -1,0 +1,163 @@
+// flashtree::dense_bf16 — y = x @ W^T + b in bfloat16 with AVX512-BF16 dot products (vdpbf16ps).
+//
+// Why: a bf16 decode step is bound by streaming the weights (269 MB a token for SmolLM2-135M).
+// oneDNN's bf16 linear cost 127-180 us a call for its 0.7-3.5 MB projections at 1-16 rows on
+// the reference Xeon (AMX, 2 cores), 2-5x the bandwidth bound; the float32 kernel's bf16
+// variant (widen, then FMA) spends 4 instructions per 16 weights and was 1.6x the bound at one
+// row and compute-bound from 4 rows (scripts/measure_projections.py). vdpbf16ps multiplies 32
+// bf16 weights by a broadcast pair of x in one instruction.
+//
+// How: the weight [N, K] is packed once into panels of 16 output columns holding k in pairs:
+// packed[p, j, c, e] = W[16p + c, 2j + e] (zero past N and K), so one k pair of a panel is one
+// 64-byte load. A tile of MR rows x P panels keeps MR*P sixteen-float sums in registers for the
+// whole k loop; threads split the panels in groups of 8. (Groups of 8 panels interleaved into
+// one stream measured slower: 14.1 against 11.2 ms for SmolLM2's 120 projections at one row.)
+//
+// Every output is the same sum whatever the tile, the thread or the number of rows: for each
+// pair j in order, acc += x[2j] w[2j] + x[2j+1] w[2j+1] (vdpbf16ps, float32 accumulation),
+// then + b[n], rounded to bf16 once — batch-invariant. It differs from at::linear's rounding,
+// which no exactness check compares against (exactness holds within one engine and dtype).
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kW = 16;            // panel width: one 16-float vector
+constexpr int kAhead = 16;        // k pairs (64-byte lines) each panel's stream is prefetched ahead
+constexpr int64_t kMaxRows = 256;  // matches MAX_ROWS in cpu_dense.py
+
+#define FT_BF16 __attribute__((target("avx512f,avx512bf16")))
+
+// y[MR, <=16P] = x[MR, 2*K2] (bf16 pairs) @ panels[P]; ncols = valid columns from this tile's first.
+template <int MR, int P>
+FT_BF16 inline void tile(const uint32_t* __restrict x, int64_t ldx, const uint16_t* __restrict wp, int64_t K2,
+                         float* __restrict y, int64_t ldy, const float* __restrict bias, int64_t ncols) {
+  __m512 acc[MR][P];
+#pragma GCC unroll 32
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) acc[m][p] = _mm512_setzero_ps();
+  const int64_t ps = K2 * 2 * kW;  // bf16 per panel
+  for (int64_t j = 0; j < K2; ++j) {
+    __m512bh w[P];
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + p * ps + (j + kAhead) * 2 * kW), _MM_HINT_T0);
+      w[p] = (__m512bh)_mm512_loadu_si512(wp + p * ps + j * 2 * kW);
+    }
+#pragma GCC unroll 32
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * ldx + j]));
+#pragma GCC unroll 32
+      for (int p = 0; p < P; ++p) acc[m][p] = _mm512_dpbf16_ps(acc[m][p], xb, w[p]);
+    }
+  }
+  alignas(64) float buf[MR][kW * P];
+#pragma GCC unroll 32
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) _mm512_store_ps(&buf[m][p * kW], acc[m][p]);
+  const int64_t nc = std::min<int64_t>(ncols, kW * P);
+  for (int m = 0; m < MR; ++m) {
+    float* ym = y + m * ldy;
+    if (bias)
+      for (int64_t c = 0; c < nc; ++c) ym[c] = buf[m][c] + bias[c];
+    else
+      for (int64_t c = 0; c < nc; ++c) ym[c] = buf[m][c];
+  }
+}
+
+// MR rows over np panels: 8 panels a tile for one row, 4 for two, 2 for 3..8 (8-16 sums).
+template <int MR>
+FT_BF16 inline void tiles(const uint32_t* x, int64_t ldx, const uint16_t* wp, int64_t np, int64_t K2, float* y,
+                          int64_t ldy, const float* bias, int64_t ncols) {
+  constexpr int P = MR == 1 ? 8 : (MR == 2 ? 4 : 2);
+  const int64_t ps = K2 * 2 * kW;
+  int64_t q = 0;
+  for (; q + P <= np; q += P)
+    tile<MR, P>(x, ldx, wp + q * ps, K2, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
+  for (; q < np; ++q)
+    tile<MR, 1>(x, ldx, wp + q * ps, K2, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
+}
+
+FT_BF16 void rows(const uint32_t* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t np, int64_t K2, float* y,
+                  int64_t ldy, const float* bias, int64_t ncols) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) tiles<8>(x + m * ldx, ldx, wp, np, K2, y + m * ldy, ldy, bias, ncols);
+  const uint32_t* xm = x + m * ldx;
+  float* ym = y + m * ldy;
+  switch (M - m) {
+    case 7: tiles<7>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 6: tiles<6>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 5: tiles<5>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 4: tiles<4>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 3: tiles<3>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 2: tiles<2>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    case 1: tiles<1>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
+    default: break;
+  }
+}
+
+bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+
+// x [..., K] bfloat16; weight [N, K] bfloat16 (used above kMaxRows rows); packed
+// [ceil(N/16), ceil(K/2), 16, 2] bfloat16; bias [N] bfloat16 or none -> [..., N] bfloat16
+at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& packed,
+                      const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(cpu_has_bf16_dot(), "flashtree::dense_bf16 needs a CPU with AVX512-BF16");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16, "flashtree::dense_bf16: x must be bf16 on the CPU");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "flashtree::dense_bf16: weight must be [N, K] bf16");
+  const int64_t N = weight.size(0), K = weight.size(1), K2 = (K + 1) / 2;
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::dense_bf16: x has ", x.size(-1), " features, the weight ", K);
+  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (N + kW - 1) / kW && packed.size(1) == K2 &&
+              packed.size(2) == kW && packed.size(3) == 2 && packed.is_contiguous() &&
+              packed.scalar_type() == at::kBFloat16,
+              "flashtree::dense_bf16: packed weight must be [ceil(N/16), ceil(K/2), 16, 2] bf16, contiguous");
+  if (bias.has_value())
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kBFloat16,
+                "flashtree::dense_bf16: bias must be [N] bf16");
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  if (M > kMaxRows) return at::linear(x, weight, bias);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  at::Tensor y = at::empty(shape, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0 || K == 0)
+    return (bias.has_value() && M > 0 ? y.copy_(bias->expand(shape)) : y.zero_()).to(at::kBFloat16);
+  // x as bf16 pairs, K padded to even with a zero (the packed weight is zero there too)
+  std::vector<uint32_t> xpairs(M * K2, 0);
+  const at::Tensor x2 = x.reshape({M, K}).contiguous();
+  const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
+  for (int64_t m = 0; m < M; ++m) std::memcpy(&xpairs[m * K2], xs + m * K, K * sizeof(uint16_t));
+  const at::Tensor b2 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* b = bias.has_value() ? b2.data_ptr<float>() : nullptr;
+  const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  float* yp = y.data_ptr<float>();
+  const int64_t P = packed.size(0), ps = K2 * 2 * kW;
+  constexpr int64_t G = 8;  // panels per task (128 columns)
+  const int64_t groups = (P + G - 1) / G;
+  const int64_t grain = M * N * K < (1 << 16) ? groups : 1;  // tiny products: one thread
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
+    rows(xpairs.data(), K2, M, w + p0 * ps, p1 - p0, K2, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
+  });
+  return y.to(at::kBFloat16);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(flashtree, m) {
+  m.def("dense_bf16(Tensor x, Tensor weight, Tensor packed, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(flashtree, CPU, m) {
+  m.impl("dense_bf16", &dense_bf16);
+}

@@ -1,0 +1,149 @@
+"""GGUF files as users have them: dequantized once into an HF directory flashtree loads.
+
+`convert_gguf(src, out)` reads a llama / qwen2 / qwen3 `.gguf` with transformers' GGUF
+integration (which dequantizes with the `gguf` package and undoes llama.cpp's Q/K row
+permutation), then writes `config.json`, `model.safetensors`, `generation_config.json` and the
+tokenizer (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) built from the
+file's metadata. `cached_conversion(src)` does that once per file into flashtree's cache and
+returns the directory on later calls. Nothing here runs a model.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import SUPPORTED_MODEL_TYPES, ConfigError
+
+log = logging.getLogger("flashtree.models")
+
+GGUF_MAGIC = b"GGUF"
+CONVERTED_MARK = "flashtree_converted.json"  # written last: a directory without it is incomplete
+
+
+def cache_root() -> Path:
+    """$FLASHTREE_CACHE_DIR, else $XDG_CACHE_HOME/flashtree, else ~/.cache/flashtree (as aot_graphs)."""
+    if os.environ.get("FLASHTREE_CACHE_DIR"):
+        return Path(os.environ["FLASHTREE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flashtree"
+
+
+def is_gguf(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _need(module: str) -> None:
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"reading a .gguf file needs the '{module}' package (pip install transformers gguf "
+                          "accelerate)")
+
+
+def convert_gguf(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write the HF directory of the GGUF file `src` into `out` (weights stored as `dtype`)."""
+    src, out = Path(src), Path(out)
+    if not src.is_file():
+        raise ConfigError(f"{src}: file not found")
+    if not is_gguf(src):
+        raise ConfigError(f"{src}: not a GGUF file (its first bytes are not 'GGUF')")
+    from .loader import DTYPES
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype '{dtype}' is not supported; use one of {', '.join(DTYPES)}")
+    for m in ("transformers", "gguf", "accelerate"):
+        _need(m)
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"{src}: architecture '{config.model_type}'; flashtree loads GGUF files of "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    tied = bool(model.config.tie_word_embeddings)
+    state = {n: t.detach().to(DTYPES[dtype]).contiguous() for n, t in model.state_dict().items()
+             if not (tied and n == "lm_head.weight")}  # a tied head is the embedding, as transformers saves it
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    raw = model.config.to_dict()
+    raw.pop("quantization_config", None)  # the weights written are plain tensors
+    raw["torch_dtype"] = raw["dtype"] = str(DTYPES[dtype]).removeprefix("torch.")
+    (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / CONVERTED_MARK).write_text(json.dumps({
+        "source": str(src), "size": src.stat().st_size, "mtime_ns": src.stat().st_mtime_ns, "dtype": dtype,
+        "seconds": round(time.perf_counter() - t0, 1)}, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def cached_conversion(src: str | Path) -> Path:
+    """The cached HF directory of `src` (converted in float32 on first use; a changed file,
+    by size or modification time, is converted again)."""
+    src = Path(src).resolve()
+    if not is_gguf(src):
+        raise ConfigError(f"{src}: not a GGUF file" if src.is_file() else f"{src}: file not found")
+    st = src.stat()
+    out = cache_root() / "gguf" / f"{src.stem}-{st.st_size:x}-{st.st_mtime_ns:x}"
+    mark = out / CONVERTED_MARK
+    if mark.is_file():
+        return out
+    log.warning("converting %s to an HF directory in %s (once; later loads read the cache)", src.name, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import fcntl
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting the same file: wait for it
+        if not mark.is_file():
+            convert_gguf(src, out)
+    return out
+
+
+def requantize_gguf(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:
+    """Write `src` again with every tensor dequantized to `dtype` (float32 | float16 | bfloat16),
+    metadata and tensor layout as they are: the same weights llama.cpp reads unquantized (its
+    text on an F32 file of the dequantized weights equals flashtree's). Uses the `gguf` package."""
+    _need("gguf")
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize, quantize
+    kinds = {"float32": GGMLQuantizationType.F32, "float16": GGMLQuantizationType.F16,
+             "bfloat16": GGMLQuantizationType.BF16}
+    if dtype not in kinds:
+        raise ConfigError(f"dtype '{dtype}': a GGUF is rewritten as one of {', '.join(kinds)}")
+    src, dst = Path(src), Path(dst)
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(dst, arch)
+    file_types = {"float32": 0, "float16": 1, "bfloat16": 32}  # llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16 / _BF16
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer writes these itself
+        value = file_types[dtype] if key == "general.file_type" else field.contents()
+        sub = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        data = dequantize(t.data, t.tensor_type).astype(np.float32)        # [..., ne0] in GGUF's layout
+        if dtype != "float32":
+            data = quantize(data, kinds[dtype])
+        writer.add_tensor(t.name, data, raw_dtype=kinds[dtype])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
