@@ -6,6 +6,7 @@ so a row-parallel bias added on every rank — or on none — would change the l
 seeded sampled run reproduces TP=1's tokens. Where float sums in another order flip a greedy
 near-tie, the test reports the logit gap there and accepts only a gap below 1e-5.
 """
+import gc
 import os
 import random
 import signal
@@ -96,12 +97,49 @@ def test_a_dead_rank_stops_the_engine_at_once(tiny_pair):
     two = LLM(*tiny_pair, compile=False, tensor_parallel_size=2)
     try:
         two.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
-        two._workers[0].kill()
-        two._workers[0].wait()
+        two._ranks.procs[0].kill()
+        two._ranks.procs[0].wait()
         with pytest.raises(EngineFailure, match="tensor-parallel rank stopped answering"):
             two.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     finally:
         two.close()
+
+
+SHORT = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_a_second_tp_llm_is_refused_while_the_first_is_open_and_works_once_it_is_closed():
+    first = LLM("tiny-code", method="ar", compile=False, tensor_parallel_size=2)
+    try:
+        want = first.generate(["def f(x):"], SHORT, use_tqdm=False)[0].token_ids
+        with pytest.raises(UserError, match=r"still open in this process.*llm\.close\(\).*with LLM\(\.\.\.\) as llm"):
+            LLM("tiny-code", method="dflash", compile=False, tensor_parallel_size=2)
+    finally:
+        first.close()
+    first.close()  # idempotent
+    with pytest.raises(UserError, match="this LLM is closed"):
+        first.generate(["def f(x):"], SHORT, use_tqdm=False)
+    with LLM("tiny-code", method="dflash", compile=False, tensor_parallel_size=2) as second:
+        assert second.generate(["def f(x):"], SHORT, use_tqdm=False)[0].token_ids == want  # greedy dflash == ar
+    with pytest.raises(UserError, match="this LLM is closed"):  # leaving `with` closed it
+        second.generate(["def f(x):"], SHORT, use_tqdm=False)
+    second.close()
+
+
+def test_a_dropped_tp_llm_is_closed_and_a_second_one_works():
+    first = LLM("tiny-code", method="ar", compile=False, tensor_parallel_size=2)
+    want = first.generate(["import os\n"], SHORT, use_tqdm=False)[0].token_ids
+    del first
+    gc.collect()
+    with LLM("tiny-code", method="dflash", compile=False, tensor_parallel_size=2) as second:
+        assert second.generate(["import os\n"], SHORT, use_tqdm=False)[0].token_ids == want
+
+
+def test_close_without_tensor_parallelism_is_a_no_op():
+    with LLM("tiny-code", method="ar", compile=False) as one:
+        one.close()
+    one.close()
+    assert len(one.generate(["x = "], SHORT, use_tqdm=False)[0].token_ids) == 6  # nothing was released
 
 
 def test_unshardable_sizes_are_refused_before_loading(tiny_pair):

@@ -5,6 +5,7 @@ Owns loading and text; the decoding itself is `engine/engine.py`.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,11 @@ from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
 
+
+
+def default_method(draft) -> str:
+    """method=None: ddtree when the model has a drafter, else plain decoding (ar)."""
+    return "ddtree" if draft is not None else "ar"
 
 
 def _progress(total: int, use_tqdm: bool):
@@ -39,7 +45,7 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 method: str = "ddtree", budget: int | str | None = None, topk: int | None = None,
+                 method: str | None = None, budget: int | str | None = None, topk: int | None = None,
                  block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
                  max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
@@ -48,6 +54,7 @@ class LLM:
         found = resolve(model, draft)  # a name, an HF directory or a .gguf (converted once, cached)
         model, draft = found.target, found.drafter
         self.model_name = found.name
+        self.method = method = method or default_method(draft)
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,
@@ -60,45 +67,47 @@ class LLM:
             raise UserError(f"method '{method}' needs a drafter and {whose}: pass draft=DIR (a DFlash "
                             f"checkpoint) or use {free}")
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
-        tp = self._tensor_parallel(tensor_parallel_size, config, dtype, device)
-        self.target = load_target(model, dtype=dtype, device=device, tp=tp).fuse()
-        self.drafter = load_drafter(draft, self.target).fuse() if draft else None
-        self.tokenizer = Tokenizer(model)
+        self._ranks = self._tensor_parallel(tensor_parallel_size, config, dtype, device)
+        try:
+            self._load(config, dtype, device)
+        except BaseException:
+            self.close()  # a half-built LLM leaves no rank waiting for it
+            raise
+
+    def _load(self, config: EngineConfig, dtype, device) -> None:
+        """Weights, tokenizer and engine; with tensor parallelism, form the group with the other ranks."""
+        tp = None
+        if self._ranks is not None:
+            from .models.parallel import TPGroup
+            tp = TPGroup(0, self._ranks.world)
+        self.target = load_target(self.model_path, dtype=dtype, device=device, tp=tp).fuse()
+        self.drafter = load_drafter(self.draft_path, self.target).fuse() if self.draft_path else None
+        self.tokenizer = Tokenizer(self.model_path)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)
-        if tp is not None:
-            import atexit
-            from .distributed import tp as dtp
-            dtp.init(0, tp.world, self.engine.device, self._init_method)
-            self.engine.runner.attach(dtp.Channel(self.engine.device))
-            atexit.register(self.close)
+        if self._ranks is not None:
+            self.engine.runner.attach(self._ranks.join(self.engine.device))
         self.engine.warmup(progress=sys.stderr.isatty())
 
     def _tensor_parallel(self, size, config: EngineConfig, dtype, device):
         """tensor_parallel_size > 1: this process is rank 0; the other ranks are spawned here (or,
-        under torchrun, started by it). Checked before any weights load."""
-        self._workers, self._init_method = [], None
+        under torchrun, started by it). Checked before any weights load. Returns the `Ranks` (None
+        for size 1), closed with this LLM, or when nothing references it any more."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UserError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
         if size == 1:
             return None
         from .config import ModelConfig
         from .distributed import tp as dtp
-        from .models.parallel import TPGroup, check_shardable
+        from .models.parallel import check_shardable
         check_shardable(ModelConfig.from_dir(self.model_path), size)
         if config.compile is True:
             raise UserError("tensor_parallel_size > 1 runs eager (compiled all-reduces are not supported yet): "
                             "drop compile=True / --compile")
         config.compile = False
-        if dtp.under_torchrun():
-            import os
-            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            if (rank, world) != (0, size):
-                raise UserError(f"under torchrun this process is rank {rank} of {world}; the engine runs on rank 0 "
-                                f"with tensor_parallel_size == WORLD_SIZE ({size} given)")
-        else:
-            self._workers, self._init_method = dtp.spawn_workers(size, self.model_path, dtype, device)
-        return TPGroup(0, size)
+        ranks = dtp.Ranks(size, self.model_path, dtype, device)
+        weakref.finalize(self, ranks.close)  # also at interpreter exit
+        return ranks
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt page (vLLM's `LLM.reset_prefix_cache`): True when done, False
@@ -106,21 +115,21 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks (a no-op without tensor parallelism)."""
-        runner = self.engine.runner
-        if runner.channel is not None:
-            from .distributed import tp as dtp
-            try:
-                runner.channel.send(dtp.STOP)
-            except Exception:  # noqa: BLE001 -- a rank already gone: nothing left to stop
-                pass
-            runner.channel = None
-            dtp.leave()
-            for p in self._workers:
-                try:
-                    p.wait(timeout=10)
-                except Exception:  # noqa: BLE001 -- still running after 10 s: stop it
-                    p.kill()
+        """Stop the other tensor-parallel ranks and leave their process group, so another
+        tensor-parallel LLM can start in this process. Idempotent; a no-op without tensor
+        parallelism (the LLM keeps working); `with LLM(...) as llm:` closes on leaving."""
+        if self._ranks is not None:
+            self._ranks.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._ranks is not None and self._ranks.closed:
+            raise UserError("this LLM is closed (its tensor-parallel ranks have stopped): create a new LLM")
 
     # ------------------------------------------------------------------ helpers
     def _ids(self, prompt: str | list[int]) -> list[int]:
@@ -151,6 +160,7 @@ class LLM:
         Prompts enter the engine as batch slots free up, so the server's queue cap never applies;
         `use_tqdm` shows a progress bar when stderr is a terminal.
         """
+        self._check_open()
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -202,6 +212,7 @@ class LLM:
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None, **kw) -> Iterator[str]:
         """Yield text as it is committed (never a broken UTF-8 character); `.last` holds the seq."""
+        self._check_open()
         seq = self.engine.add_request(self._ids(prompt), params or SamplingParams(), **kw)
         self.last = seq
         sent = ""

@@ -12,6 +12,11 @@ under `torchrun` (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set) every rank 
 command and ranks > 0 become workers (`cli.py`). Backend: NCCL on CUDA, gloo on CPU. A rank that
 dies or stops answering makes rank 0's next collective fail within `timeout_s`: the engine
 stops, the server reports unhealthy and exits.
+
+Ownership: `Ranks` is rank 0's handle on one group (its spawned processes, its membership, its
+channel), owned by one `LLM`. torch.distributed gives a process one default group, so one `Ranks`
+is open per process: a second is refused, naming how to close the first, until `close` stops the
+other ranks and leaves the group.
 """
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ import logging
 import math
 import os
 import socket
+import subprocess
+import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from ..errors import UserError
 
 log = logging.getLogger("flashtree.distributed")
 
@@ -41,9 +50,8 @@ def init(rank: int, world: int, device: torch.device, init_method: str | None = 
     share of the cores (ranks spinning on the same cores slow every all-reduce down)."""
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    if not dist.is_initialized():
-        dist.init_process_group(backend_for(device), init_method=init_method or "env://", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend_for(device), init_method=init_method or "env://", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
 def leave() -> None:
@@ -153,16 +161,80 @@ def serve_worker(rank: int, world: int, model: str, dtype: str, device: str, ini
 def spawn_workers(world: int, model: str, dtype: str, device: str, timeout_s: float = 60.0):
     """Ranks 1..world-1 as processes on this machine (`python -m flashtree.distributed.tp`, so the
     caller's script is never re-imported); returns (their processes, the init method)."""
-    import subprocess
-    import sys
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([sys.executable, "-m", "flashtree.distributed.tp", str(r), str(world), str(model), dtype,
                                device, init_method, str(timeout_s)]) for r in range(1, world)]
     return procs, init_method
 
 
+_open: Ranks | None = None  # the group this process is rank 0 of, while it is open
+_torchrun_served = False    # under torchrun the other ranks serve one group, then exit
+
+
+class Ranks:
+    """Rank 0's side of one tensor-parallel group: ranks 1..world-1 (spawned here, or torchrun's),
+    this process's membership and the channel to them. Refused while another is open."""
+
+    def __init__(self, world: int, model: str, dtype: str, device: str, timeout_s: float = 60.0):
+        global _open, _torchrun_served
+        _check_free(world)
+        self.world, self.channel, self.closed = world, None, False
+        self.procs, self.init_method = [], None
+        if under_torchrun():
+            _torchrun_served = True
+        else:
+            self.procs, self.init_method = spawn_workers(world, model, dtype, device, timeout_s)
+        _open = self
+
+    def join(self, device: torch.device) -> Channel:
+        """Form the group with the other ranks; the channel rank 0 sends each forward on."""
+        init(0, self.world, device, self.init_method)
+        self.channel = Channel(device)
+        return self.channel
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, leave the group and reap the spawned ranks (idempotent)."""
+        global _open
+        if self.closed:
+            return
+        self.closed = True
+        if _open is self:
+            _open = None
+        if self.channel is not None:
+            try:
+                self.channel.send(STOP)
+            except Exception:  # noqa: BLE001 -- a rank already gone: nothing left to stop
+                pass
+            leave()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10 if self.channel is not None else 0)  # never joined: they wait for no one
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _check_free(world: int) -> None:
+    """Refuse a group this process cannot form, before any rank starts."""
+    if _open is not None:
+        raise UserError("another tensor-parallel LLM is still open in this process, and torch.distributed gives "
+                        "a process one default process group: close it first with llm.close(), or create it as "
+                        "`with LLM(...) as llm:` (an LLM nothing references any more is closed too)")
+    if dist.is_initialized():
+        raise UserError("this process already belongs to a torch.distributed process group that flashtree did not "
+                        "create: call torch.distributed.destroy_process_group() before "
+                        "LLM(tensor_parallel_size > 1)")
+    if under_torchrun():
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if (rank, size) != (0, world):
+            raise UserError(f"under torchrun this process is rank {rank} of {size}; the engine runs on rank 0 "
+                            f"with tensor_parallel_size == WORLD_SIZE ({world} given)")
+        if _torchrun_served:
+            raise UserError("under torchrun the other ranks serve one tensor-parallel LLM and exit when it closes: "
+                            "create one tensor-parallel LLM per torchrun launch")
+
+
 if __name__ == "__main__":
-    import sys
     rank_, world_, model_, dtype_, device_, init_, timeout_ = sys.argv[1:8]
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank_} %(levelname)s %(name)s: %(message)s")
     try:
