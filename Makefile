@@ -1,4 +1,4 @@
-# flashtree — the two commands: `make demo` (set up + run the bundled pair) and `make test`.
+# flashtree — the two commands: `make demo` (set up + run the models) and `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,10 +15,13 @@ $(BIN)/flashtree: pyproject.toml
 
 setup: $(BIN)/flashtree
 
+# the real model (its first load converts the GGUF and compiles the graphs, a few minutes; later
+# loads read the caches), plain and with n-gram drafts, then the bundled tiny pair with its drafter
+DEMO_CHAT := "Write a Python function that checks whether a number is prime, with a docstring."
 demo: setup
-	$(BIN)/flashtree generate "def fibonacci(n):" --method ddtree --max-tokens 96
-	$(BIN)/flashtree generate "def fibonacci(n):" --method dflash --max-tokens 96
-	$(BIN)/flashtree generate "def fibonacci(n):" --method ar --max-tokens 96
+	$(BIN)/flashtree generate $(DEMO_CHAT) --chat --model smollm2-135m-instruct --method ar --max-tokens 128
+	$(BIN)/flashtree generate $(DEMO_CHAT) --chat --model smollm2-135m-instruct --method ngram --max-tokens 128
+	$(BIN)/flashtree generate "def fibonacci(n):" --model tiny-code --method ddtree --max-tokens 96
 
 serve: setup
 	$(BIN)/flashtree serve

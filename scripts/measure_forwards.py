@@ -1,12 +1,14 @@
-"""Isolated forward costs of the bundled pair through the model runner (issue 9's per-step targets).
+"""Isolated forward costs through the model runner, beside the machine's bandwidth bound.
 
-Times `ModelRunner.run_target` for 1, 9 and 17 new tokens and `run_drafter` for one block, each
-against a cached context of --context rows in one sequence, eager and compiled, interleaved over
---repeats rounds of --calls calls each (median of medians). Reports each as a multiple of the
-one-token target step of the same mode: the issue asks for a draft pass <= 0.35x and a 9-token
-verify <= 1.3x. Run on a quiet machine (`../shared/tools/quiet`).
+Times `ModelRunner.run_target` for --tokens new tokens (and `run_drafter` for one block when the
+model has a drafter), each against a cached context of --context rows in one sequence, eager and
+compiled, interleaved over --repeats rounds of --calls calls each (median of medians). Reports each
+as a multiple of the one-token target step of the same mode, and the one-token step against its
+bound: the bytes of the weights a step streams over the read bandwidth measured here (float32
+torch.sum over 512 MB, median of 5). Run on a quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_forwards.py [--context 250] [--repeats 5] [--calls 200] [--out FILE.json]
+Usage: python scripts/measure_forwards.py [--model NAME|DIR] [--dtype D] [--tokens 1,9,17]
+       [--context 250] [--repeats 5] [--calls 200] [--modes eager,compiled] [--out FILE.json]
 """
 import argparse
 import json
@@ -23,15 +25,34 @@ p.add_argument("--context", type=int, default=250)
 p.add_argument("--repeats", type=int, default=5)
 p.add_argument("--calls", type=int, default=200)
 p.add_argument("--out", default=None)
+p.add_argument("--model", default="tiny-code")
+p.add_argument("--dtype", default="auto")
+p.add_argument("--tokens", default="1,9,17", help="comma list of new-token counts (1 is always timed)")
+p.add_argument("--modes", default="eager,compiled")
 a = p.parse_args()
 
-llm = LLM(method="ddtree", budget=8, compile=True)
+
+def read_bandwidth() -> float:
+    x = torch.ones(512 * 2**20 // 4)
+    x.sum()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        ts.append(time.perf_counter() - t0)
+    return x.nbytes / statistics.median(ts)
+
+
+from flashtree.models.registry import resolve  # noqa: E402
+has_drafter = resolve(a.model).drafter is not None
+llm = LLM(model=a.model, method="ddtree" if has_drafter else "ar", budget=8 if has_drafter else None,
+          dtype=a.dtype, compile=True)
 runner, blocks = llm.engine.runner, llm.engine.blocks
 L0 = a.context
 slot = blocks.allocate()
 if not blocks.reserve(slot, L0 + 40):
     raise SystemExit("the KV cache cannot hold that context")
-K, F = llm.drafter.config.block_size, llm.drafter.fc.in_features
+K, F = (llm.drafter.config.block_size, llm.drafter.fc.in_features) if has_drafter else (0, 0)
 
 
 def target(T):
@@ -50,12 +71,15 @@ def drafter(C=4):
                                       torch.tensor([K]))
 
 
-forwards = {"target 1 token": target(1), "target 9 tokens": target(9), "target 17 tokens": target(17),
-            f"drafter block of {K}": drafter()}
-times = {(mode, name): [] for mode in ("eager", "compiled") for name in forwards}
+counts = sorted({1, *(int(t) for t in a.tokens.split(","))})
+forwards = {f"target {t} token{'s' if t > 1 else ''}": target(t) for t in counts}
+if has_drafter:
+    forwards[f"drafter block of {K}"] = drafter()
+modes = a.modes.split(",")
+times = {(mode, name): [] for mode in modes for name in forwards}
 with torch.inference_mode():
     for _ in range(a.repeats):
-        for mode in ("eager", "compiled"):
+        for mode in modes:
             runner.use_compiled(mode == "compiled")
             for name, fn in forwards.items():
                 for _ in range(20):
@@ -67,12 +91,20 @@ with torch.inference_mode():
                     ts.append(time.perf_counter() - t0)
                 times[(mode, name)].append(statistics.median(ts) * 1e3)
 rows = []
-for mode in ("eager", "compiled"):
+for mode in modes:
     step = statistics.median(times[(mode, "target 1 token")])
     for name in forwards:
         ms = statistics.median(times[(mode, name)])
         rows.append({"mode": mode, "forward": name, "ms": ms, "x_one_token_step": ms / step})
         print(f"{mode:8} {name:20} {ms:6.3f} ms  {ms / step:5.2f}x")
+bw = read_bandwidth()
+weights = sum(p.numel() * p.element_size() for p in llm.target.parameters())  # the tied head counted once
+bound_ms = weights / bw * 1e3
+one = {m: statistics.median(times[(m, "target 1 token")]) for m in modes}
+print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights {weights / 1e6:.0f} MB ({llm.engine.dtype}): one-token bound "
+      f"{bound_ms:.2f} ms; " + ", ".join(f"{m} {one[m] / bound_ms:.2f}x the bound" for m in modes))
 if a.out:
-    Path(a.out).write_text(json.dumps({"settings": vars(a), "threads": torch.get_num_threads(), "rows": rows},
+    Path(a.out).write_text(json.dumps({"settings": vars(a), "threads": torch.get_num_threads(), "rows": rows,
+                                       "read_bandwidth_gbs": bw / 1e9, "weight_bytes": weights,
+                                       "one_token_bound_ms": bound_ms, "dtype": str(llm.engine.dtype)},
                                       indent=2) + "\n")

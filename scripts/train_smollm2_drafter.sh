@@ -9,5 +9,5 @@ mkdir -p "$WORK"
 resume=()
 [ -f "$WORK/work/drafter_ckpt.pt" ] && [ "${RESUME:-1}" = 1 ] && resume=(--resume)
 exec .venv/bin/flashtree train-drafter --target smollm2-135m-instruct --out "$WORK/out" --work "$WORK/work" \
-  --layers 2 --block-size 8 --num-sequences 3000 --response-tokens 192 --anchors 16 --batch-size 8 \
+  --data chat --layers 2 --block-size 8 --num-sequences 2000 --response-tokens 192 --anchors 16 --batch-size 8 \
   --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${resume[@]}" "$@"

@@ -1,8 +1,10 @@
 """`flashtree bench`: methods x budgets x topks x temperatures x concurrency on a prompt set, plus
-transformers peers on the same weights; prints a table — tok/s, tau and whether the output is
-exact, per temperature — writes bench.json, report.md and PNGs; exit code 1 if a cell is not exact.
+peers on the same weights (transformers; llama.cpp for a GGUF model, with the `peers` extra);
+prints a table — tok/s, tau and whether the output is exact, per temperature — writes
+bench.json, report.md and PNGs; exit code 1 if a cell is not exact.
 
-Argument handling only; measurement, the bound and the plots live in `benchmarking.py`.
+Argument handling only; measurement, the bound and the plots live in `benchmarking.py`, the peers
+in `peers.py`.
 """
 from __future__ import annotations
 
@@ -80,9 +82,19 @@ def add_arguments(p) -> None:
                    help="prompts per slice: each repeat runs every configuration on one slice of the prompt "
                         "set before the next, so the configurations compared share the machine's state "
                         "(default 2; at least the concurrency)")
-    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time transformers generate and prompt-lookup generation (batch 1)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the peer")
+    p.add_argument("--peers", type=_list(str), nargs="?", const=None, default=None, metavar="LIST",
+                   help="also time these engines on the same weights, batch 1: a comma list of hf (transformers "
+                        "generate and its prompt lookup) and llama.cpp (llama-cpp-python on a GGUF model's file and "
+                        "its unquantized rewrites, plain and prompt lookup; needs the peers extra) "
+                        "(default, or --peers alone: every one that applies)")
+    p.add_argument("--no-peers", dest="peers", action="store_const", const=[], help="time no peers")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the hf peer")
+    p.add_argument("--llama-cpp-weights", type=_list(str), default=["f32", "bf16", "file"],
+                   help="the GGUF files the llama.cpp peer times: a comma list of f32, bf16, f16 (the model's "
+                        "weights rewritten unquantized, once, into the cache) and file (the GGUF as it is) "
+                        "(default f32,bf16,file)")
+    p.add_argument("--llama-cpp-lookup-tokens", type=int, default=2,
+                   help="num_pred_tokens of the llama.cpp peer's prompt lookup (default 2, its advice for CPUs)")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="generate exactly --max-tokens per prompt, for every method and peer (default on)")
     p.add_argument("--out", default="bench-results", help="output folder for bench.json, report.md, PNGs")
@@ -115,8 +127,7 @@ def plan_from_args(args):
                 raise UserError("--compile-modes with compiled needs the compiled runner: drop --no-compile")
             args.compile = True  # loaded compiled; eager passes switch the runner's forwards
     return BenchPlan(methods=methods, budgets=budgets, temperatures=temps, concurrency=args.concurrency,
-                     repeats=args.repeats, warmup=args.warmup, peers=args.peers,
-                     lookup_tokens=args.prompt_lookup_tokens, topks=topks, exact_samples=args.exact_samples,
+                     repeats=args.repeats, warmup=args.warmup, topks=topks, exact_samples=args.exact_samples,
                      compile_modes=modes, slice_prompts=args.slice_prompts)
 
 
@@ -135,15 +146,21 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from .. import benchmarking as bm
+    from .. import peers as pe
+    from ..models.registry import resolve
     from ..train.corpus import PROMPTS_FILE, load_prompts
     from . import env
 
     plan = plan_from_args(args)
-    needed = ["matplotlib"] + (["transformers"] if plan.peers else [])
+    llama_cpp = pe.LlamaCppOptions(weights=tuple(args.llama_cpp_weights), lookup_tokens=args.llama_cpp_lookup_tokens)
+    choice = pe.choose_peers(args.peers, resolve(args.model, args.draft).target)
+    needed = ["matplotlib"] + (["transformers"] if "hf" in choice.engines else [])
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:  # fail before measuring, not after
         raise UserError(f"bench needs {' and '.join(missing)} (pip install 'flashtree[dev]')"
                          + ("; or run with --no-peers" if missing == ["transformers"] else ""))
+    for line in choice.skipped:
+        print(f"flashtree bench: {line}", file=sys.stderr)
     args.temperature = plan.temperatures[0]
     base = replace(sampling_params(args), ignore_eos=args.ignore_eos)  # validated before loading
     if args.num_prompts < 1:
@@ -159,14 +176,14 @@ def run(args) -> int:
         args.draft_len = args.prompt_lookup_tokens
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
-    peer = bm.HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype) if plan.peers else None
+    peers = pe.load_peers(choice, llm, prompt_ids, base.max_tokens, args.prompt_lookup_tokens, llama_cpp)
 
     load_before = bm.machine_load()
     if load_before["load_1m"] is not None and load_before["load_1m"] > 0.25 * (load_before["cpus"] or 1):
         print(f"flashtree bench: warning: 1-minute load average {load_before['load_1m']} on "
               f"{load_before['cpus']} CPUs: other work will skew the numbers", file=sys.stderr)
-    with tqdm(total=plan.passes(), desc="bench", unit="pass", file=sys.stderr) as bar:
-        results = bm.run_bench(llm, prompt_ids, base, plan, peer, progress=bar)
+    with tqdm(total=plan.passes(sum(len(p.runs) for p in peers)), desc="bench", unit="pass", file=sys.stderr) as bar:
+        results = bm.run_bench(llm, prompt_ids, base, plan, peers, progress=bar)
     meta = {
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": portable_command(sys.argv[1:]),
         "model": bm.portable_path(llm.model_path),
@@ -180,7 +197,8 @@ def run(args) -> int:
         "slice_prompts": plan.slice_prompts,
         "topks": plan.topks, "exact_samples": plan.exact_samples, "compile_modes": plan.compile_modes,
         "compiled": llm.engine.runner.compiled if plan.compile_modes is None else None,
-        "peers": list(bm.PEERS) if plan.peers else [], "peer_batch_size": 1,
+        "peers": [r.name for p in peers for r in p.runs], "peers_skipped": list(choice.skipped),
+        "peer_batch_size": 1,
         "versions": env.versions(), "platform": env.platform_info(),
         "load": {"before": load_before, "after": bm.machine_load()},
     }

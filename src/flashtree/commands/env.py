@@ -26,7 +26,8 @@ from pathlib import Path
 from .generate import add_model_arguments
 
 PACKAGES = ("flashtree", "torch", "transformers", "tokenizers", "safetensors", "numpy", "jinja2",
-            "fastapi", "uvicorn", "pydantic", "prometheus-client", "tqdm", "matplotlib", "scipy")
+            "fastapi", "uvicorn", "pydantic", "prometheus-client", "tqdm", "matplotlib", "scipy", "gguf",
+            "llama-cpp-python")
 SAMPLING_MODES = ("greedy", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids")
 
 

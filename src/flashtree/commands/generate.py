@@ -24,7 +24,8 @@ def add_model_arguments(p) -> None:
     p.add_argument("--model", default=None, help="a model name (flashtree models), an HF directory or a .gguf "
                    "file (default: the default model, see flashtree models)")
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the named model's own)")
-    p.add_argument("--method", default="ddtree", choices=METHODS, help="decoding method (default: ddtree)")
+    p.add_argument("--method", default=None, choices=METHODS,
+                   help="decoding method (default: ddtree when the model has a drafter, else ar)")
     p.add_argument("--budget", type=budget_arg, default=None,
                    help="DDTree draft nodes per round, or 'auto': the size that maximises tokens/s, chosen "
                         "each round from calibrated acceptance and measured costs")
@@ -78,6 +79,10 @@ def load_llm(args, **kw):
         resolve_dtype(args.dtype, resolve_device(args.device))
     except (ValueError, RuntimeError) as e:
         raise UserError(f"--device {args.device} --dtype {args.dtype}: {e}") from None
+    if args.method is None:
+        from ..llm import default_method
+        from ..models.registry import resolve
+        args.method = default_method(resolve(args.model, args.draft).drafter)
     check_topk(args)
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
                block_size=args.block_size, device=args.device, dtype=args.dtype,

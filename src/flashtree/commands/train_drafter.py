@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--target-dtype", default=d.target_dtype, help="the target's dtype for data and features "
                    "(auto: the one it serves in on this machine)")
+    p.add_argument("--data", choices=("corpus", "chat"), default=d.data,
+                   help="corpus: continuations of stdlib slices (a code model); chat: the target's answers to chat "
+                        "requests built from stdlib text (a chat model), with a held-out tau curve")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between checkpoints and held-out τ")
     p.add_argument("--seed", type=int, default=0)
 
@@ -50,7 +53,7 @@ def run(args) -> int:
                            response_tokens=args.response_tokens, anchors=args.anchors,
                            batch_size=args.batch_size, steps=args.steps, lr=args.lr,
                            warm_start=not args.no_warm_start, seed=args.seed, target_dtype=args.target_dtype,
-                           eval_every=args.eval_every)
+                           eval_every=args.eval_every, data=args.data)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}-work"
     from ..models.registry import resolve

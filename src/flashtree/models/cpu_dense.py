@@ -211,11 +211,12 @@ def sample_rows(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] -> packed [ceil(N/16), K, 16]: packed[p, k, c] = weight[16p + c, k], zeros past N;
     bf16 on a CPU with AVX512-BF16, the dot-product kernel's layout with k in pairs:
-    [ceil(N/16), ceil(K/2), 16, 2], packed[p, j, c, e] = weight[16p + c, 2j + e] (zeros past N and K)."""
+    [ceil(N/16), 16 ceil(K/32), 16, 2], packed[p, j, c, e] = weight[16p + c, 2j + e] (zeros past N
+    and K: K is padded to whole AMX tiles of 16 pairs)."""
     n, k = weight.shape
     p = -(-n // PANEL)
     if weight.dtype == torch.bfloat16 and bf16_dot():
-        kk = k + k % 2
+        kk = -(-k // 32) * 32
         padded = torch.zeros(p * PANEL, kk, dtype=weight.dtype, device=weight.device)
         padded[:n, :k] = weight.detach()
         return padded.view(p, PANEL, kk // 2, 2).transpose(1, 2).contiguous()

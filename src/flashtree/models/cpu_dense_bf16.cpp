@@ -13,10 +13,17 @@
 // whole k loop; threads split the panels in groups of 8. (Groups of 8 panels interleaved into
 // one stream measured slower: 14.1 against 11.2 ms for SmolLM2's 120 projections at one row.)
 //
+// With AMX (amx_bf16, the OS granting its tile state) every call runs on tiles instead: 16 rows
+// of x (zero-padded) by 16 k pairs against a panel's 16 k pairs by 16 columns — the same packed
+// layout — so a 16-row verify streams the weights once at the cost of one row; vdpbf16ps,
+// compute-bound from ~4 rows here, stays the path of CPUs without AMX.
+//
 // Every output is the same sum whatever the tile, the thread or the number of rows: for each
-// pair j in order, acc += x[2j] w[2j] + x[2j+1] w[2j+1] (vdpbf16ps, float32 accumulation),
-// then + b[n], rounded to bf16 once — batch-invariant. It differs from at::linear's rounding,
-// which no exactness check compares against (exactness holds within one engine and dtype).
+// pair j in order, acc += x[2j] w[2j] + x[2j+1] w[2j+1] (float32 accumulation), then + b[n],
+// rounded to bf16 once; one CPU always takes one path (AMX or not, for every row count), so a
+// row's result never depends on which rows share the call — batch-invariant. It differs from
+// at::linear's rounding, which no exactness check compares against (exactness holds within
+// one engine and dtype). K is padded to a multiple of 32 (16 pairs, one tile's depth) with zeros.
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
@@ -24,7 +31,11 @@
 #include <ATen/ops/linear.h>
 #include <immintrin.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -108,19 +119,83 @@ FT_BF16 void rows(const uint32_t* x, int64_t ldx, int64_t M, const uint16_t* wp,
 
 bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
 
+#define FT_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
+
+struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it), and
+// asked for by FLASHTREE_AMX=1: on the loaded 2-core VM where it was written its timings swung
+// 10-100x between runs, so it stays opt-in until measured on a quiet machine.
+bool amx_ready() {
+  static const bool ok = [] {
+    const char* want = std::getenv("FLASHTREE_AMX");
+    if (want == nullptr || std::strcmp(want, "1") != 0) return false;
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// One thread's panels [np at wp] for every row: x [Mp, K2] pairs (Mp a multiple of 16, zero rows
+// past M), K2 a multiple of 16. Tiles: 0-3 four panels' sums, 4 a block of x, 5-6 a panel's block.
+FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const uint16_t* wp, int64_t np,
+                     float* y, int64_t ldy, const float* bias, int64_t ncols) {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  alignas(64) float buf[4][16 * 16];
+  const int64_t ps = K2 * 2 * kW;
+  for (int64_t m0 = 0; m0 < Mp; m0 += 16) {
+    const uint32_t* xa = x + m0 * K2;
+    for (int64_t q = 0; q < np; q += 4) {
+      const int64_t nq = std::min<int64_t>(4, np - q);
+      const uint16_t* w0 = wp + q * ps;
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t j = 0; j < K2; j += 16) {
+        _tile_loadd(4, xa + j, K2 * 4);
+        _tile_loadd(5, w0 + j * 2 * kW, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nq > 1) { _tile_loadd(6, w0 + ps + j * 2 * kW, 64); _tile_dpbf16ps(1, 4, 6); }
+        if (nq > 2) { _tile_loadd(5, w0 + 2 * ps + j * 2 * kW, 64); _tile_dpbf16ps(2, 4, 5); }
+        if (nq > 3) { _tile_loadd(6, w0 + 3 * ps + j * 2 * kW, 64); _tile_dpbf16ps(3, 4, 6); }
+      }
+      _tile_stored(0, buf[0], 64); _tile_stored(1, buf[1], 64);
+      _tile_stored(2, buf[2], 64); _tile_stored(3, buf[3], 64);
+      const int64_t rows_here = std::min<int64_t>(16, M - m0);
+      for (int64_t t = 0; t < nq; ++t) {
+        const int64_t col = (q + t) * kW, nc = std::min<int64_t>(kW, ncols - col);
+        for (int64_t r = 0; r < rows_here; ++r) {
+          float* yr = y + (m0 + r) * ldy + col;
+          const float* br = buf[t] + r * 16;
+          if (bias)
+            for (int64_t c = 0; c < nc; ++c) yr[c] = br[c] + bias[col + c];
+          else
+            for (int64_t c = 0; c < nc; ++c) yr[c] = br[c];
+        }
+      }
+    }
+  }
+  // (no _tile_release: the next call reloads the configuration anyway)
+}
+
 // x [..., K] bfloat16; weight [N, K] bfloat16 (used above kMaxRows rows); packed
-// [ceil(N/16), ceil(K/2), 16, 2] bfloat16; bias [N] bfloat16 or none -> [..., N] bfloat16
+// [ceil(N/16), 16 ceil(K/32), 16, 2] bfloat16; bias [N] bfloat16 or none -> [..., N] bfloat16
 at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(cpu_has_bf16_dot(), "flashtree::dense_bf16 needs a CPU with AVX512-BF16");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16, "flashtree::dense_bf16: x must be bf16 on the CPU");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "flashtree::dense_bf16: weight must be [N, K] bf16");
-  const int64_t N = weight.size(0), K = weight.size(1), K2 = (K + 1) / 2;
+  const int64_t N = weight.size(0), K = weight.size(1), K2 = (K + 31) / 32 * 16;
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::dense_bf16: x has ", x.size(-1), " features, the weight ", K);
   TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (N + kW - 1) / kW && packed.size(1) == K2 &&
               packed.size(2) == kW && packed.size(3) == 2 && packed.is_contiguous() &&
               packed.scalar_type() == at::kBFloat16,
-              "flashtree::dense_bf16: packed weight must be [ceil(N/16), ceil(K/2), 16, 2] bf16, contiguous");
+              "flashtree::dense_bf16: packed weight must be [ceil(N/16), 16 ceil(K/32), 16, 2] bf16, contiguous");
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kBFloat16,
                 "flashtree::dense_bf16: bias must be [N] bf16");
@@ -132,8 +207,10 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   at::Tensor y = at::empty(shape, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0 || K == 0)
     return (bias.has_value() && M > 0 ? y.copy_(bias->expand(shape)) : y.zero_()).to(at::kBFloat16);
-  // x as bf16 pairs, K padded to even with a zero (the packed weight is zero there too)
-  std::vector<uint32_t> xpairs(M * K2, 0);
+  // x as bf16 pairs, K padded with zeros as the packed weight is (and rows to 16 for AMX tiles)
+  const bool amx = amx_ready();
+  const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;
+  std::vector<uint32_t> xpairs(Mp * K2, 0);
   const at::Tensor x2 = x.reshape({M, K}).contiguous();
   const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
   for (int64_t m = 0; m < M; ++m) std::memcpy(&xpairs[m * K2], xs + m * K, K * sizeof(uint16_t));
@@ -147,7 +224,10 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   const int64_t grain = M * N * K < (1 << 16) ? groups : 1;  // tiny products: one thread
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
-    rows(xpairs.data(), K2, M, w + p0 * ps, p1 - p0, K2, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
+    if (amx)
+      amx_rows(xpairs.data(), K2, M, Mp, w + p0 * ps, p1 - p0, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
+    else
+      rows(xpairs.data(), K2, M, w + p0 * ps, p1 - p0, K2, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
   });
   return y.to(at::kBFloat16);
 }

@@ -5,7 +5,9 @@ integration (which dequantizes with the `gguf` package and undoes llama.cpp's Q/
 permutation), then writes `config.json`, `model.safetensors`, `generation_config.json` and the
 tokenizer (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) built from the
 file's metadata. `cached_conversion(src)` does that once per file into flashtree's cache and
-returns the directory on later calls. Nothing here runs a model.
+returns the directory on later calls; `gguf_source(dir)` names the file a directory was converted
+from. `requantize_gguf` writes a file's weights again unquantized (the F32/BF16 files the llama.cpp
+peer reads; `cached_requantization` once per file). Nothing here runs a model.
 """
 from __future__ import annotations
 
@@ -147,3 +149,59 @@ def requantize_gguf(src: str | Path, dst: str | Path, dtype: str = "float32") ->
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def gguf_source(model_dir: str | Path) -> Path | None:
+    """The GGUF file the HF directory `model_dir` was converted from (its conversion mark), while
+    that file is unchanged by size and modification time; None for any other directory."""
+    mark = Path(model_dir) / CONVERTED_MARK
+    if not mark.is_file():
+        return None
+    made = json.loads(mark.read_text())
+    src = Path(made.get("source", ""))
+    if not src.is_file():
+        return None
+    st = src.stat()
+    return src if (st.st_size, st.st_mtime_ns) == (made.get("size"), made.get("mtime_ns")) else None
+
+
+def cached_requantization(src: str | Path, dtype: str) -> Path:
+    """`src` rewritten with every tensor as `dtype` (requantize_gguf), once per file into the cache
+    beside its conversion; later calls return the file (a changed source is written again)."""
+    src = Path(src).resolve()
+    if not is_gguf(src):
+        raise ConfigError(f"{src}: not a GGUF file" if src.is_file() else f"{src}: file not found")
+    st = src.stat()
+    out = cache_root() / "gguf" / f"{src.stem}-{st.st_size:x}-{st.st_mtime_ns:x}.{dtype}.gguf"
+    if out.is_file():
+        return out
+    log.warning("writing %s as %s GGUF in %s (once; later runs read the cache)", src.name, dtype, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import fcntl
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process writing the same file: wait for it
+        if not out.is_file():
+            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            try:
+                requantize_gguf(src, tmp, dtype)
+                tmp.rename(out)  # a complete file, or none
+            finally:
+                tmp.unlink(missing_ok=True)
+    return out
+
+
+def weight_type(path: str | Path) -> str:
+    """The file's weight type as llama.cpp names it, lower case: f32, bf16, q4_1, ... (its
+    `general.file_type`; without one, the type most of its tensors have)."""
+    _need("gguf")
+    from collections import Counter
+    from gguf import GGUFReader, LlamaFileType
+    reader = GGUFReader(path)
+    field = reader.fields.get("general.file_type")
+    if field is not None:
+        try:
+            return LlamaFileType(field.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+        except ValueError:
+            pass  # a type this gguf package does not know: read the tensors
+    kinds = Counter(t.tensor_type.name for t in reader.tensors)
+    return kinds.most_common(1)[0][0].lower() if kinds else "unknown"

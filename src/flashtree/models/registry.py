@@ -82,5 +82,5 @@ def resolve(model: str | Path | None, draft: str | Path | None = None) -> Resolv
         return Resolved(cached_conversion(path), Path(draft) if draft is not None else None, None)
     if path.is_dir():
         return Resolved(path, Path(draft) if draft is not None else None, None)
-    what = "file is not a GGUF file" if path.is_file() else "is neither a model name, a directory nor a file"
+    what = "is a file but not a GGUF file" if path.is_file() else "not found (no such name, directory or file)"
     raise ConfigError(f"model '{model}' {what}; use a name ({', '.join(MODELS)}), an HF directory or a .gguf file")
