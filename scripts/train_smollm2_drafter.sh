@@ -2,12 +2,25 @@
 # Reproduces the SmolLM2-135M-Instruct drafter (bundled/smollm2-135m-instruct-drafter): data from
 # the target's own answers to stdlib chat requests, then DFlash training; resumable — run it again
 # to continue where the last run stopped (RESUME=0 starts over in a fresh WORK).
+#
+# What lasts across machines is committed in training/smollm2-135m-instruct-drafter/: the
+# regenerated data (gzipped JSONL), the held-out answers, the progress log and the latest
+# drafter. A fresh WORK starts from them: the data is not generated again, and a committed
+# drafter is the starting point (--init-from; the optimiser state is not kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
-mkdir -p "$WORK"
-resume=()
-[ -f "$WORK/work/drafter_ckpt.pt" ] && [ "${RESUME:-1}" = 1 ] && resume=(--resume)
+KEPT=training/smollm2-135m-instruct-drafter
+mkdir -p "$WORK/work"
+for f in regenerated.jsonl heldout_greedy.jsonl; do
+  if [ ! -f "$WORK/work/$f" ] && [ -f "$KEPT/$f.gz" ]; then gunzip -c "$KEPT/$f.gz" > "$WORK/work/$f"; fi
+done
+extra=()
+if [ -f "$WORK/work/drafter_ckpt.pt" ] && [ "${RESUME:-1}" = 1 ]; then
+  extra=(--resume)
+elif [ -f "$KEPT/drafter/model.safetensors" ] && [ "${RESUME:-1}" = 1 ]; then
+  extra=(--init-from "$KEPT/drafter")
+fi
 exec .venv/bin/flashtree train-drafter --target smollm2-135m-instruct --out "$WORK/out" --work "$WORK/work" \
   --data chat --layers 2 --block-size 8 --num-sequences 2000 --response-tokens 192 --anchors 16 --batch-size 8 \
-  --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${resume[@]}" "$@"
+  --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${extra[@]}" "$@"

@@ -1,5 +1,6 @@
-"""Measurement for `flashtree bench`: timed passes over a prompt set, transformers peers on the
-same weights, the speculative bound from measured component costs, the table and the plots.
+"""Measurement for `flashtree bench`: timed passes over a prompt set, the peers' passes (`peers.py`:
+transformers, llama.cpp) on the same weights, the speculative bound from measured component
+costs, the table and the plots.
 
 One *pass* runs every prompt of the set through one configuration (method, budget) at one
 temperature and concurrency. Passes of all configurations are interleaved slice by slice: a repeat
@@ -40,6 +41,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -48,7 +50,8 @@ from .errors import UserError
 from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter, proposer_class
 
-PEERS = ("hf_generate", "hf_prompt_lookup")
+if TYPE_CHECKING:  # peers.py builds on Pass: imported for the annotations only
+    from .peers import Peer, PeerRun
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,8 +121,6 @@ class BenchPlan:
     concurrency: list[int]
     repeats: int = 3
     warmup: int = 1
-    peers: bool = True
-    lookup_tokens: int = 10      # prompt_lookup_num_tokens of the assisted-generation peer
     topks: list[int | None] = field(default_factory=lambda: [None])  # ddtree branching caps (None: none)
     exact_samples: int = 20000   # samples of each T>0 chi-square cell; 0 = no exactness check
     compile_modes: list[bool] | None = None  # compare eager (False) and compiled (True) runs; None = as loaded
@@ -169,11 +170,10 @@ class BenchPlan:
             out = [replace(c, compiled=mode) for mode in self.compile_modes for c in out]
         return out
 
-    def passes(self) -> int:
-        """Total timed passes, for the progress bar."""
+    def passes(self, peer_runs: int = 0) -> int:
+        """Total timed passes, for the progress bar (`peer_runs`: the peers' configurations)."""
         ours = len(self.temperatures) * len(self.concurrency) * len(self.configs())
-        peers = len(self.temperatures) * len(PEERS) if self.peers else 0
-        return (ours + peers) * (self.warmup + self.repeats)
+        return (ours + len(self.temperatures) * peer_runs) * (self.warmup + self.repeats)
 
 
 def nodes(budget: int | str) -> int:
@@ -335,45 +335,6 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     return ComponentCosts(forward=forward, draft=draft, context=context, draft_len=eng.config.draft_len)
 
 
-class HFPeer:
-    """transformers `generate` on the target's own checkpoint, one prompt at a time (batch 1)."""
-
-    def __init__(self, model_dir: str | Path, device: torch.device, dtype: torch.dtype):
-        from transformers import AutoModelForCausalLM
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
-        except Exception as e:  # any loader failure becomes one actionable line
-            raise UserError(f"transformers cannot load {model_dir} as a peer ({type(e).__name__}: {e}); "
-                             "run with --no-peers") from e
-        self.device = device
-
-    def run(self, prompt_ids: list[list[int]], params: list[SamplingParams], lookup: int | None,
-            max_ngram: int | None = None) -> Pass:
-        tokens, t0 = 0, time.perf_counter()
-        for ids, sp in zip(prompt_ids, params):
-            x = torch.tensor([ids], device=self.device)
-            kw = dict(max_new_tokens=sp.max_tokens, do_sample=not sp.greedy, pad_token_id=0,
-                      attention_mask=torch.ones_like(x))
-            if not sp.greedy:
-                kw.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                          min_p=sp.min_p or None)
-                torch.manual_seed(sp.seed if sp.seed is not None else 0)
-            else:
-                kw.update(temperature=None, top_k=None, top_p=None)
-            if sp.ignore_eos:
-                kw["min_new_tokens"] = sp.max_tokens
-            if lookup:
-                kw["prompt_lookup_num_tokens"] = lookup
-                if max_ngram:  # as our ngram's max_ngram (both try n = max..1)
-                    kw["max_matching_ngram_size"] = max_ngram
-            with torch.inference_mode():
-                out = self.model.generate(x, **kw)
-            tokens += out.shape[1] - len(ids)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return Pass(seconds=time.perf_counter() - t0, tokens=tokens)
-
-
 # ---------------------------------------------------------------------------- the sweep
 def pass_order(configs: list, r: int) -> list:
     """The configurations' runs of slice r (counted over repeats): rotated by r, so no
@@ -395,19 +356,20 @@ def slices(n: int, concurrency: int, size: int) -> list[range]:
 
 
 def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: BenchPlan,
-              peer: HFPeer | None = None, progress=None) -> dict:
-    """Measure every (temperature, concurrency, config) cell and the peers; return the report."""
+              peers: Sequence[Peer] = (), progress=None) -> dict:
+    """Measure every (temperature, concurrency, config) cell and the peers' configurations (at
+    the lowest concurrency, after our slices of each repeat, every prompt); return the report."""
     tick = progress.update if progress is not None else (lambda n=1: None)
     block_size = llm.engine.default_block_size
     loaded_compiled = llm.engine.runner.compiled  # the mode of configs without one
     context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
-    cells, peers, chi_square = [], [], {}
+    cells, peer_rows, chi_square = [], [], {}
     for temp in plan.temperatures:
         params = [replace(base, temperature=temp, seed=(base.seed or 0) + i) for i in range(len(prompt_ids))]
         for conc in plan.concurrency:
-            with_peers = peer is not None and conc == min(plan.concurrency)
+            with_peers = conc == min(plan.concurrency)
             runs = {cfg: [] for cfg in plan.configs()}
-            peer_runs = {name: [] for name in PEERS} if with_peers else {}
+            peer_runs = {(peer, run): [] for peer in peers for run in peer.runs} if with_peers else {}
             parts = slices(len(prompt_ids), conc, plan.slice_prompts)
             for r in range(plan.warmup + plan.repeats):
                 keep = r >= plan.warmup
@@ -420,15 +382,13 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                     if keep:
                         passes.append(Pass.joined(done[cfg]))
                     tick()
-                for name, passes in peer_runs.items():
-                    p = peer.run(prompt_ids, params, plan.lookup_tokens if name == "hf_prompt_lookup" else None,
-                                 llm.engine.config.max_ngram)
+                for (peer, run), passes in peer_runs.items():
+                    p = peer.run(run, prompt_ids, params)
                     if keep:
                         passes.append(p)
                     tick()
-            group_peers = [peer_summary(name, temp, ps, plan.lookup_tokens, llm.engine.config.max_ngram)
-                           for name, ps in peer_runs.items()]
-            peers += group_peers
+            group_peers = [peer_summary(run, temp, ps) for (_, run), ps in peer_runs.items()]
+            peer_rows += group_peers
             costs = {}  # per compile mode (None: as loaded), timed in that mode
             for mode in dict.fromkeys(cfg.compiled for cfg in runs):
                 if mode is not None:
@@ -448,7 +408,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                         cell["exact"] = with_seeded_identity(chi_square[cfg, temp],
                                                              token_identity(runs, cfg, "seeded identity"))
             cells += group
-    return {"cells": cells, "peers": peers}
+    return {"cells": cells, "peers": peer_rows}
 
 
 # ---------------------------------------------------------------------------- exactness
@@ -525,10 +485,9 @@ def inexact(report: dict) -> list[dict]:
     return [c for c in report["cells"] if c.get("exact") and c["exact"]["passed"] is False]
 
 
-def peer_summary(name: str, temp: float, passes: list[Pass], lookup: int, max_ngram: int | None = None) -> dict:
-    return {"name": name, "temperature": temp, "batch_size": 1,
-            "prompt_lookup_num_tokens": lookup if name == "hf_prompt_lookup" else None,
-            "max_matching_ngram_size": max_ngram if name == "hf_prompt_lookup" else None,
+def peer_summary(run: PeerRun, temp: float, passes: list[Pass]) -> dict:
+    return {"name": run.name, "engine": run.engine, "weights": run.weights, "temperature": temp, "batch_size": 1,
+            "prompt_lookup_num_tokens": run.lookup_tokens, "max_matching_ngram_size": run.max_ngram,
             "tok_s": median([p.tok_s for p in passes]), "tok_s_runs": [p.tok_s for p in passes],
             "completion_tokens": sum(p.tokens for p in passes)}
 
@@ -656,9 +615,7 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              "same repeat; `pooled [95%]`: tokens over seconds of every repeat's slices summed, against `ar`'s "
              "same slices, with a 95 % bootstrap interval over the paired slices; "
              f"the configurations run interleaved in slices of {m.get('slice_prompts', '?')} prompts). "
-             "Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
-             "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
-             "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n down to 1).",
+             + peers_note(report),
              "", f"Command: `{m['command']}`. Machine: {m['platform']['cpu']}, {m['load']['before']['cpus']} CPUs, "
              f"{m['platform']['torch_threads']} torch threads; 1-minute load average "
              f"{_fmt(m['load']['before']['load_1m'])} before and {_fmt(m['load']['after']['load_1m'])} after.",
@@ -684,6 +641,29 @@ def markdown(report: dict, pngs: list[Path]) -> str:
              "eager,compiled` the two modes side by side:", "", "```", phase_table(report), "```", ""]
     lines += [f"![{p.stem}]({p.name})" for p in pngs]
     return "\n".join(lines) + "\n"
+
+
+def peers_note(report: dict) -> str:
+    """The report's sentence on its peers: what each engine ran, and any peer skipped."""
+    engines = {q["engine"] for q in report["peers"]}
+    lookup = {q["engine"]: q for q in report["peers"] if q["prompt_lookup_num_tokens"]}
+    parts = []
+    if "transformers" in engines:
+        parts.append("Peers: transformers `generate` and prompt-lookup assisted generation, batch 1, same weights; "
+                     "the prompt-lookup peer copies as many tokens and matches n-grams as long as our `ngram` "
+                     "(prompt_lookup_num_tokens = draft_len, max_matching_ngram_size = max_ngram, both trying n "
+                     "down to 1).")
+    if "llama.cpp" in engines:
+        q = lookup.get("llama.cpp", {})
+        version = report["meta"].get("versions", {}).get("llama-cpp-python") or "?"
+        parts.append(f"llama.cpp (llama-cpp-python {version}), batch 1, on the GGUF file the model was converted "
+                     "from (named by its weight type, e.g. `q4_1`; llama.cpp's quantized products quantize the "
+                     "activations too, so its text there differs from ours) and on the same weights rewritten "
+                     "unquantized (`f32`, `bf16`), each plain and with its prompt lookup (`lookup`: num_pred_tokens "
+                     f"{q.get('prompt_lookup_num_tokens')}, max_ngram_size {q.get('max_matching_ngram_size')}), "
+                     "n_threads = torch's, every prompt prefilled.")
+    parts += report["meta"].get("peers_skipped", [])
+    return " ".join(parts) or "No peers."
 
 
 PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")

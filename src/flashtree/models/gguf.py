@@ -119,7 +119,9 @@ def cached_conversion(src: str | Path) -> Path:
 def requantize_gguf(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:
     """Write `src` again with every tensor dequantized to `dtype` (float32 | float16 | bfloat16),
     metadata and tensor layout as they are: the same weights llama.cpp reads unquantized (its
-    text on an F32 file of the dequantized weights equals flashtree's). Uses the `gguf` package."""
+    text on an F32 file of the dequantized weights equals flashtree's). One-dimensional tensors
+    (the norms) stay float32, as llama.cpp's own converters write them: its CPU kernels multiply
+    by F32 norms only (a BF16 norm aborts the first decode). Uses the `gguf` package."""
     _need("gguf")
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
@@ -141,9 +143,10 @@ def requantize_gguf(src: str | Path, dst: str | Path, dtype: str = "float32") ->
         writer.add_key_value(key, value, field.types[0], sub_type=sub)
     for t in reader.tensors:
         data = dequantize(t.data, t.tensor_type).astype(np.float32)        # [..., ne0] in GGUF's layout
-        if dtype != "float32":
-            data = quantize(data, kinds[dtype])
-        writer.add_tensor(t.name, data, raw_dtype=kinds[dtype])
+        kind = kinds[dtype] if len(t.shape) > 1 else GGMLQuantizationType.F32
+        if kind != GGMLQuantizationType.F32:
+            data = quantize(data, kind)
+        writer.add_tensor(t.name, data, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -235,6 +235,10 @@ def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: 
     the tokens of `rows`. Old features are read as they were computed when `old` was trained
     (raw decoder-layer outputs, the last one pre-norm), so a drafter from before the HF feature
     convention keeps what it learned; new features follow `TargetModel.forward`."""
+    if list(old.config.target_layer_ids) == list(drafter.config.target_layer_ids):  # the same taps: go on from it
+        drafter.load_state_dict({k: v.float() for k, v in old.state_dict().items()})
+        print("init-from: the same feature layers; every weight taken as it is")
+        return
     drafter.load_state_dict({k: v for k, v in old.state_dict().items() if not k.startswith("fc.")}, strict=False)
     xs, ys = [], []
     for r in rows:
