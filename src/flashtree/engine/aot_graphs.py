@@ -39,12 +39,17 @@ import torch.utils._pytree as pytree
 log = logging.getLogger("flashtree.engine")
 
 _SOURCES = ("models", "engine/model_runner.py")  # what a traced graph is made of
-FORMAT = 1  # bump when how this module exports or compiles changes (it is not in _SOURCES)
+FORMAT = 2  # bump when how this module exports or compiles changes (it is not in _SOURCES)
 # Every weight stays the model's own tensor, read at run time: none in the shared object, and none
 # inlined into the generated code (inductor inlines 1-D tensors of <= 8 values, e.g. a small bias,
 # which would tie a cached package to the weights it was exported with). Pass a copy: inductor
 # adds its own keys to the dict.
-_INDUCTOR = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True}
+# bf16/fp16: every op rounds as eager's does (emulate_precision_casts). Fused without it, a graph
+# keeps float32 between ops, and graphs of other shapes fuse differently: a bf16 prompt prefilled
+# by one graph and continued by another decoded other tokens than the same prompt from a prefix-
+# cache hit (1 of 6 greedy SmolLM2 chats equal), so plain decoding was not reproducible.
+_INDUCTOR = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True,
+             "emulate_precision_casts": True}
 
 
 def why_unavailable() -> str | None:
