@@ -19,9 +19,8 @@
 // bfloat16: the weight is packed as bf16 (half the bytes a decode step streams) and widened to
 // float32 in registers (a bf16 is the top half of a float32: zero-extend, shift left 16); x is
 // widened once, the sums are the same float32 sums, and y is rounded to bf16 at the end, as
-// at::linear rounds its float32 accumulators. Why not oneDNN: on the reference Xeon (AMX, 2
-// cores) its bf16 linear cost 127-180 us a call for SmolLM2's 0.7-3.5 MB projections at 1-16
-// rows, 2-5x their bandwidth bound (scripts/measure_projections.py).
+// at::linear rounds its float32 accumulators. This path serves CPUs without AVX512-BF16; with
+// it, bf16 goes to cpu_dense_bf16.cpp.
 //
 // Above kMaxRows rows (prefill) the call goes to at::linear, whose blocked GEMM is made for it.
 #include <torch/library.h>

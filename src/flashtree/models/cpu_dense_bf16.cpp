@@ -1,17 +1,15 @@
 // flashtree::dense_bf16 — y = x @ W^T + b in bfloat16 with AVX512-BF16 dot products (vdpbf16ps).
 //
 // Why: a bf16 decode step is bound by streaming the weights (269 MB a token for SmolLM2-135M).
-// oneDNN's bf16 linear cost 127-180 us a call for its 0.7-3.5 MB projections at 1-16 rows on
-// the reference Xeon (AMX, 2 cores), 2-5x the bandwidth bound; the float32 kernel's bf16
-// variant (widen, then FMA) spends 4 instructions per 16 weights and was 1.6x the bound at one
-// row and compute-bound from 4 rows (scripts/measure_projections.py). vdpbf16ps multiplies 32
+// oneDNN's bf16 linear took 26.7 ms for its 121 projections at one row on the reference Xeon
+// (AMX, 2 cores), this kernel 12.8 ms (benchmarks/real_model_2026-12-03/projections_bf16_amx0.json,
+// scripts/measure_projections.py); vdpbf16ps multiplies 32
 // bf16 weights by a broadcast pair of x in one instruction.
 //
 // How: the weight [N, K] is packed once into panels of 16 output columns holding k in pairs:
 // packed[p, j, c, e] = W[16p + c, 2j + e] (zero past N and K), so one k pair of a panel is one
 // 64-byte load. A tile of MR rows x P panels keeps MR*P sixteen-float sums in registers for the
-// whole k loop; threads split the panels in groups of 8. (Groups of 8 panels interleaved into
-// one stream measured slower: 14.1 against 11.2 ms for SmolLM2's 120 projections at one row.)
+// whole k loop; threads split the panels in groups of 8.
 //
 // With AMX (amx_bf16, the OS granting its tile state) every call runs on tiles instead: 16 rows
 // of x (zero-padded) by 16 k pairs against a panel's 16 k pairs by 16 columns — the same packed

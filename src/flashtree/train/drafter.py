@@ -204,7 +204,7 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
     taus = []
     was_training = drafter.training
     drafter.eval()
-    head = target.lm_head.weight
+    head = target.lm_head.weight.float()  # once, not per row (a bf16 target's head widened)
     for r in rows:
         ids = torch.tensor([r["ids"]])
         T, B = ids.shape[1], block_size
@@ -221,7 +221,7 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
         mask = torch.cat([ctx_vis, (blk[:, None] == blk[None, :])[None]], dim=-1)[:, None]
         embeds = target.model.embed_tokens(block_ids).float()
         hidden = drafter(embeds, block_pos, feats.float(), torch.arange(T)[None], mask=mask)
-        hit = (F.linear(hidden, head.float()).argmax(-1) == labels).view(-1, B)[:, 1:]   # [A, B-1]
+        hit = (F.linear(hidden, head).argmax(-1) == labels).view(-1, B)[:, 1:]   # [A, B-1]
         taus.append(1 + hit.int().cumprod(1).sum(1).float())
     if was_training:
         drafter.train()
