@@ -3,6 +3,7 @@ writes a z-lab drafter that flashtree loads, stays lossless, and has learned the
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from flashtree import LLM, SamplingParams
@@ -76,3 +77,39 @@ def test_training_lowers_the_loss_and_raises_acceptance(trained, tiny_pair):
     trained_tau, untrained_tau = tau(out), tau(untrained)
     print(f"tau trained {trained_tau:.2f} untrained {untrained_tau:.2f}")
     assert trained_tau > untrained_tau + 0.15
+
+
+def test_feature_store_holds_the_targets_features_and_resumes(tiny_pair, tmp_path):
+    from flashtree.models.loader import load_target
+    from flashtree.train.features import FeatureStore
+    target = load_target(tiny_pair[0], dtype="float32", device="cpu")
+    rng = np.random.default_rng(1)
+    rows = [{"ids": rng.integers(1, 95, int(n)).tolist()} for n in rng.integers(5, 40, 11)]
+    path = tmp_path / "features.bin"
+
+    def unpadded(i):
+        ids = torch.tensor([rows[i]["ids"]])
+        return target(ids, torch.arange(ids.shape[1])[None], feature_layers=[0, 2])[1][0]
+
+    store = FeatureStore.build(target, rows, [0, 2], path, batch_tokens=64)  # several padded batches
+    for i in range(len(rows)):
+        got = store.batch([i], 45)[0]
+        n = len(rows[i]["ids"])
+        torch.testing.assert_close(got[:n], unpadded(i), atol=1e-5, rtol=1e-5)
+        assert got[n:].abs().max() == 0                                        # padding is zeros
+    # an interrupted build resumes: rows after `done` are recomputed, those before are kept
+    meta = json.loads(path.with_suffix(".json").read_text())
+    data = np.memmap(path, dtype=np.float32, mode="r+", shape=(meta["tokens"], meta["width"]))
+    want = store.batch(list(range(11)), 45)
+    data[:store.offsets[3]] = 7.0                                               # marks the kept rows
+    data[store.offsets[3]:] = 0
+    data.flush()
+    path.with_suffix(".json").write_text(json.dumps({**meta, "done": 3}))
+    again = FeatureStore.build(target, rows, [0, 2], path, batch_tokens=64).batch(list(range(11)), 45)
+    torch.testing.assert_close(again[3:], want[3:])
+    assert all((again[i, :len(rows[i]["ids"])] == 7.0).all() for i in range(3))
+    # a store for other layers is rebuilt, not misread
+    other = FeatureStore.build(target, rows, [1], path, batch_tokens=64)
+    ids = torch.tensor([rows[5]["ids"]])
+    want = target(ids, torch.arange(ids.shape[1])[None], feature_layers=[1])[1][0]
+    torch.testing.assert_close(other.batch([5], len(rows[5]["ids"]))[0], want, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ stdlib corpus slices; per sequence a fixed number of random anchors, each openin
 [anchor token, MASK x (B-1)] at positions anchor..anchor+B-1; the block attends
 bidirectionally to itself and to target features strictly before its anchor; cross-entropy on
 slots k = 1..B-1 against token anchor+k, weighted exp(-(k-1)/gamma); the target's embedding and
-LM head stay frozen; AdamW + cosine with warmup; checkpoints and `--resume`; `--init-from` starts
+LM head stay frozen; the target's features are computed once (`features.py`); AdamW + cosine with warmup; checkpoints and `--resume`; `--init-from` starts
 from a trained drafter with other feature layers. The result is saved in the z-lab DFlash format.
 Data generation uses flashtree's own engine (method ar).
 """
@@ -30,6 +30,7 @@ from ..models.drafter import DFlashDrafter
 from ..models.loader import load_drafter, load_target, save_module
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
+from .features import FeatureStore
 from .loop import TrainState, warmup_cosine
 
 
@@ -336,13 +337,16 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     rng = np.random.default_rng(recipe.seed + state.step)
     bar = tqdm(total=recipe.steps, initial=state.step, desc="train-drafter", dynamic_ncols=True)
 
+    layers_tag = "-".join(map(str, recipe.target_layer_ids))
+    store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin")
     head = target.lm_head.weight.float()  # the frozen head in the drafter's float32 (a copy for bf16 targets)
     drafter.train()
     while state.step < recipe.steps:
-        batch = [rows[i] for i in rng.integers(0, len(rows), recipe.batch_size)]
+        index = rng.integers(0, len(rows), recipe.batch_size).tolist()
+        batch = [rows[i] for i in index]
         ids, block_ids, block_pos, labels, mask = block_batch(batch, recipe, mask_id, rng)
+        feats = store.batch(index, ids.shape[1])                                # [N, T, F]
         with torch.no_grad():
-            _, feats = target(ids, torch.arange(ids.shape[1]).expand_as(ids), feature_layers=recipe.target_layer_ids)
             embeds = target.model.embed_tokens(block_ids).float()
         hidden = drafter(embeds, block_pos, feats.float(), torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
         logits = F.linear(hidden, head)                                         # [N, A*B, V]

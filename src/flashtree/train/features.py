@@ -1,0 +1,81 @@
+"""The target's features for every training row, computed once and kept on disk.
+
+A drafter training step needs the tapped target layers' hidden states for its batch. Running the
+target for them every step is most of a step's cost on a CPU (28 of SmolLM2's 30 layers over
+~2,400 tokens against a two-layer drafter), and they are the same every epoch. `FeatureStore`
+runs the target once over all rows and writes the features to one memory-mapped file in the
+target's dtype, so training memory stays bounded (the file is paged in and out by the OS) however
+many rows there are. Building resumes where it stopped; a store built for other layers, dtype or
+rows is rebuilt. It does not choose rows or batches — the training loop does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+# the target's dtype as stored: bfloat16 as its raw 16 bits (numpy has no bfloat16)
+_STORED = {torch.bfloat16: (np.uint16, torch.int16), torch.float16: (np.float16, None),
+           torch.float32: (np.float32, None)}
+
+
+@dataclass
+class FeatureStore:
+    offsets: np.ndarray   # [rows + 1]: row i's features are data[offsets[i]:offsets[i+1]]
+    data: np.memmap       # [tokens, F]
+    dtype: torch.dtype    # what the target computed them in
+
+    @classmethod
+    def build(cls, target, rows: list[dict], layers: list[int], path: Path, batch_tokens: int = 4096
+              ) -> "FeatureStore":
+        """Features of `rows` ({"ids": [...]}) at target `layers`, written to `path` (+ .json)."""
+        dtype = next(target.parameters()).dtype
+        width = len(layers) * target.config.hidden_size
+        lengths = np.array([len(r["ids"]) for r in rows], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        meta_path = path.with_suffix(".json")
+        want = {"layers": list(layers), "dtype": str(dtype), "rows": len(rows), "tokens": int(offsets[-1]),
+                "width": width}
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() and path.is_file() else {}
+        fresh = {k: meta.get(k) for k in want} != want
+        np_dtype, view = _STORED[dtype]
+        data = np.memmap(path, dtype=np_dtype, mode="w+" if fresh else "r+", shape=(int(offsets[-1]), width))
+        done = 0 if fresh else int(meta.get("done", 0))
+        # rows in chunks, each chunk's rows batched by length so little is padding
+        chunk = 256
+        bar = tqdm(total=len(rows), initial=done, desc="features", dynamic_ncols=True)
+        with torch.inference_mode():
+            while done < len(rows):
+                idx = sorted(range(done, min(done + chunk, len(rows))), key=lambda i: lengths[i])
+                while idx:
+                    n = 1  # ascending lengths: grow the batch while its padded size fits batch_tokens
+                    while n < len(idx) and (n + 1) * lengths[idx[n]] <= batch_tokens:
+                        n += 1
+                    take, idx = idx[:n], idx[n:]
+                    T = int(lengths[take[-1]])
+                    ids = torch.zeros(len(take), T, dtype=torch.long)
+                    for b, i in enumerate(take):
+                        ids[b, :lengths[i]] = torch.tensor(rows[i]["ids"])
+                    _, feats = target(ids, torch.arange(T).expand_as(ids), feature_layers=list(layers))
+                    for b, i in enumerate(take):  # right padding: causal rows before it are unaffected
+                        f = feats[b, :lengths[i]].contiguous()
+                        data[offsets[i]:offsets[i + 1]] = (f.view(view) if view else f).numpy()
+                    bar.update(len(take))
+                done = min(done + chunk, len(rows))
+                data.flush()
+                meta_path.write_text(json.dumps({**want, "done": done}) + "\n")
+        bar.close()
+        return cls(offsets, data, dtype)
+
+    def batch(self, index: list[int], T: int) -> torch.Tensor:
+        """Features of rows `index`, zero-padded to T tokens: [N, T, F] float32."""
+        out = torch.zeros(len(index), T, self.data.shape[1])
+        for b, i in enumerate(index):
+            raw = torch.from_numpy(np.asarray(self.data[self.offsets[i]:self.offsets[i + 1]]))
+            rows = raw.view(torch.bfloat16) if self.dtype == torch.bfloat16 else raw
+            out[b, :len(rows)] = rows.float()
+        return out
