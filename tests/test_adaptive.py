@@ -144,19 +144,22 @@ def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
 
 
 def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_cost(models):
-    """The first drafting round after a prompt (or after plain rounds) feeds the drafter every
-    row since: a one-off the next drafting round does not pay, so it does not set the drafter's
-    cost; the steady round after it does. (Counted, a probe at C=1 made the drafter look 2-4x
-    dearer than it is and kept auto plain.)"""
+    """A drafting round after plain rounds feeds the drafter every row since: a one-off the next
+    drafting round does not pay, so it does not set the drafter's cost; the steady round after
+    it does. (Counted, a probe at C=1 made the drafter look 2-4x dearer than it is and kept auto
+    plain.) Neither does an engine's first pass at a batch size (a cold call); the prompt's rows
+    go to the drafter at prefill, so the second round's pass is steady."""
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=8, max_batch_size=1, max_model_len=128))
     s = eng.add_request(list(range(1, 41)), SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     costs = eng.adaptive.costs
-    eng.step()  # the prefill, then a round whose drafter pass reads the 40-row prompt
+    eng.step()  # the prefill, then a round with the engine's first drafter pass
     assert s.metrics.rounds == 1 and costs.verify_s and not costs.draft_s
     eng.step()  # at most block_size rows since: a steady pass
     assert s.metrics.rounds == 2 and list(costs.draft_s) == [1]
     c = CostTable()
+    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 0.1}, 0.103)  # a cold first pass
+    assert not c.draft_s
     c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 5e-3}, 8e-3, caught_up=32)
     assert not c.draft_s and c.context_row_s is None  # no steady pass to compare it with yet
     c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 1e-3}, 4e-3)
@@ -697,6 +700,8 @@ def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():
     c = CostTable()
     times = {"draft": 1.0e-3, "tree": 0.2e-3, "budget": 0.1e-3, "pack": 0.1e-3, "verify_forward": 2.0e-3,
              "verify_walk": 0.3e-3, "commit": 0.2e-3}
+    c.observe(4, 9, 4, times, seconds=4.5e-3)  # (the first pass at a batch size: a cold call, unrecorded)
+    assert not c.draft_s
     c.observe(4, 9, 4, times, seconds=4.5e-3)
     assert c.verify_s == {(4, 9): 2.0e-3} and c.draft_s[4] == pytest.approx(1.2e-3)
     assert c.overhead_s[4, True] == pytest.approx(1.0e-3)  # 0.4 ms of timed phases (the walk apart) + 0.6 untimed
@@ -754,3 +759,32 @@ def test_a_wave_arriving_at_an_idle_engine_runs_in_its_batch_size_class(models):
         eng.step()
     assert passes() == before and all(s.metrics.budgets[:1] == [0] for s in seq)  # no drafting round 0
     assert [eng.adaptive.state(s).batch for s in seq] == [4] * 4
+
+
+def test_cost_seeding_never_runs_more_than_one_forward_a_step_while_others_decode(models):
+    """Issue 41.3: an auto request arriving while plain streams decode has its cost table seeded
+    one target forward per step, never in a step that prefills — seeding all ~40 forwards in one
+    step stalled the streams 279x their median gap. On an idle engine it seeds at once."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ar", max_batch_size=6, max_model_len=160))
+    plain = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
+    streams = [eng.add_request(p, plain) for p in repetitive_prompts(4)]
+    for _ in range(3):
+        eng.step()
+    auto = eng.add_request(list(range(1, 90)), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+                           method="ddtree", budget="auto")
+    per_step = []
+    while not auto.finished:
+        before = sum(n for (m, _, _), n in eng.runner.shapes.items() if m == "target")
+        eng.step()
+        per_step.append((sum(n for (m, _, _), n in eng.runner.shapes.items() if m == "target") - before,
+                         "prefill" in eng.round_times, "seed_costs" in eng.round_times))
+    assert all(not (pre and seed) for _, pre, seed in per_step), per_step  # never beside a prefill chunk
+    assert max(n for n, _, _ in per_step) <= 2, per_step        # a round's forward + one prefill or seed
+    assert sum(seed for _, _, seed in per_step) >= 10           # the seeding ran, spread over steps
+    assert (1, 1) in eng.adaptive.costs.verify_s and eng.adaptive.costs.draft_s
+    assert not any(s.finished for s in streams)                 # (they decoded all along)
+    idle = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=6, max_model_len=160))
+    s = idle.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    idle.step()
+    assert idle.seeder.done and s.metrics.rounds == 1           # all at once: no stream to stall

@@ -50,17 +50,43 @@ def test_prefix_hits_across_requests_with_different_suffixes_change_no_token(mod
     assert drain(eng, prompts) == cold  # and all at once, with the pages cached from before
 
 
-def test_drafter_requests_do_not_reuse_pages_whose_drafter_rows_were_never_written(models):
-    """An ar request fills the target rows only; a ddtree request after it must prefill the
-    prefix again (its drafter context would be missing) — and a second one then hits."""
-    prompts = shared_prefix_prompts(3)
-    cold = drain(engine(models, enable_prefix_caching=False), prompts[1:], method="ddtree")
+@pytest.fixture(scope="module")
+def code_pair():
+    """The bundled tiny-code pair (a trained drafter: its drafts are accepted on code)."""
+    from flashtree.llm import BUNDLED_DRAFTER, BUNDLED_TARGET
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.tokenizer import Tokenizer
+    target = load_target(BUNDLED_TARGET, dtype="float32", device="cpu")
+    prompt = Tokenizer(BUNDLED_TARGET).encode("import os\n\n\ndef list_files(path):\n    \"\"\"Return the files under path.\"\"\"\n")
+    return (target, load_drafter(BUNDLED_DRAFTER, target)), prompt
+
+
+@pytest.mark.parametrize("first", ["ar", "ngram", "one-token", "auto"])
+@pytest.mark.parametrize("later", ["dflash", "ddtree"])
+def test_drafter_requests_reuse_the_pages_any_method_filled(code_pair, first, later):
+    """Whatever the first request decoded (plainly, with n-grams, one token only, auto), a
+    drafter-based request sharing its prompt and answer hits its pages — drafter context
+    included: tokens and acceptance equal a cold engine's."""
+    models, prompt = code_pair
     eng = engine(models)
-    drain(eng, prompts[:1], method="ar")
-    assert drain(eng, prompts[1:2], method="ddtree") == cold[:1]
-    assert eng.scheduler.prefix_hit_tokens == 0
-    assert drain(eng, prompts[2:], method="ddtree") == cold[1:]
-    assert eng.scheduler.prefix_hit_tokens == 36
+    params = GREEDY if first != "one-token" else SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    method = {"one-token": "ddtree", "auto": "ddtree"}.get(first, first)
+    s0 = eng.add_request(prompt, params, method=method)
+    while eng.has_work():
+        eng.step()
+    follow = prompt + s0.output_ids + [5, 7, 11]  # the next turn: the prompt, the answer, more
+    cold_eng = engine(models, enable_prefix_caching=False)
+    fixed = {"budget": 8} if later == "ddtree" else {}  # (auto's choices follow timings)
+    cold = cold_eng.add_request(follow, GREEDY, method=later, **fixed)
+    warm = eng.add_request(follow, GREEDY, method=later, **fixed)
+    for e in (cold_eng, eng):
+        while e.has_work():
+            e.step()
+    assert warm.output_ids == cold.output_ids
+    assert warm.metrics.accept_lengths == cold.metrics.accept_lengths  # the same drafter context
+    assert max(cold.metrics.accept_lengths) > 1                        # (which drafted at all)
+    full = (len(prompt) + len(s0.output_ids) - 1) // 4  # the first request's full pages
+    assert eng.scheduler.prefix_hit_tokens == 4 * full, (eng.scheduler.prefix_hit_tokens, full)
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token(models):

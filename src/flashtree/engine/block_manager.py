@@ -213,6 +213,13 @@ class BlockManager:
         self.draft_ok[:] = False
         return True
 
+    def undrafted_rows(self, slot: int) -> tuple[int, int]:
+        """(lo, hi): the slot's named rows [lo, hi) whose pages are not marked drafted yet —
+        what a drafter write must cover before they are reusable by drafter-based requests."""
+        if not self.prefix_caching:
+            return 0, 0
+        return self.drafted_pages[slot] * self.page_size, len(self.hashes[slot]) * self.page_size
+
     def drafted(self, slot: int, rows: int) -> None:
         """The slot's drafter rows [0, rows) are written: full named pages below are reusable by
         drafter-based requests (a name held by a page without them moves to this one)."""

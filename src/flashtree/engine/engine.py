@@ -24,11 +24,12 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host
 from ..sampling_params import SamplingParams
-from ..speculative.adaptive import AdaptiveBudget, Choice, seed_costs
+from ..speculative.adaptive import AdaptiveBudget, Choice
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput, verify_tree
 from .block_manager import BlockManager
+from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
 from .round import VerifyInput, pack_trees
 from .scheduler import Scheduler
@@ -199,7 +200,7 @@ class Engine:
         self.runner = ModelRunner(target, drafter, self.blocks, self.feature_layers, config.compile)
         self.scheduler = Scheduler(self.blocks, config.max_batch_size,
                                    config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                                   self._round_rows, lambda s: proposer_class(s.method).needs_drafter)
+                                   self._round_rows, lambda s: drafter is not None)
         self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         self.proposers: dict[str, Proposer] = {
@@ -212,6 +213,7 @@ class Engine:
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
+        self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
 
     def warmup(self, progress: bool = False) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes."""
@@ -353,11 +355,11 @@ class Engine:
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         t0 = time.perf_counter()
         self.round_times = {}
-        self._seed_costs()
         plan = self.scheduler.schedule()
         for s in plan.preempted:  # recomputed from its tokens when readmitted
             self.proposers[s.method].release(s)
             self.adaptive.release(s)
+        self._seed_costs(prefilling=bool(plan.prefills))
         if plan.prefills:
             self._timed("prefill", self._isolated, self._prefill, plan.prefills)
         batch = [s for s in self.running if s.decoding and not s.finished]
@@ -417,12 +419,19 @@ class Engine:
         """Context rows a drafter pass for `seqs` would catch up on (see `beyond_blocks`)."""
         return 0 if self.drafts is None else beyond_blocks(seqs, self.drafts.pending_rows)
 
-    def _seed_costs(self) -> None:
-        """Before the first auto sequence is admitted: time real forwards on free slots."""
-        a = self.adaptive
-        if a.costs.learn and not a.costs.measured and self.blocks.free_slots \
-                and any(s.auto for s in self.waiting):
-            self._timed("seed_costs", seed_costs, self, a.costs)
+    def _seed_costs(self, prefilling: bool) -> None:
+        """Once the first auto sequence is in: time real forwards for auto's cost table on free
+        slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one forward a
+        step in steps that prefill nothing, so the streams decoding never wait long on it."""
+        costs = self.adaptive.costs
+        if self.seeder is None:
+            if not costs.learn or costs.draft_s or not any(s.auto for s in self.running):
+                return
+            self.seeder = CostSeeder(self, costs)
+        decoding = [s for s in self.running if s.decoding and not s.auto]
+        if self.seeder.done or (prefilling and decoding):
+            return
+        self._timed("seed_costs", self.seeder.step, not decoding)
 
     def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
         """fn(seqs), or, if that raises, fn([s]) for each s alone: a sequence that fails alone is
@@ -499,12 +508,30 @@ class Engine:
             s.length, s.decoding = s.prefilled, done[b]
             self.proposers[s.method].on_prefill(s, len(chunks[b]))
             self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
+        self._write_drafter_context([(s, s.length - len(c), s.length) for s, c in zip(seqs, chunks)
+                                     if self.drafts.cached_rows(s) is not None or self.blocks.prefix_caching]
+                                    if self.drafts is not None else [])
         for b, tok in zip(fresh, first.tolist() if first is not None else []):
             s = seqs[b]
             if not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             self._emit(s, [tok])
+
+    def _write_drafter_context(self, spans: list[tuple[Sequence, int, int]]) -> None:
+        """Write the drafter's context rows [lo, hi) of each (sequence, lo, hi) now, in one flat
+        call, whatever the sequence's method: its pages then serve drafter-based requests from the
+        prefix cache (a hit pays for every method), and a drafter pass has no prompt to catch up
+        on. Rows [0, lo) are written already (an earlier chunk, or adopted drafted pages). A row
+        costs the drafter's fc and K/V projections: ~1 % of the target's for the same row."""
+        spans = [(s, lo, hi) for s, lo, hi in spans if hi > lo]
+        if not spans:
+            return
+        self.runner.write_drafter_context(np.repeat([s.slot for s, _, _ in spans], [hi - lo for _, lo, hi in spans]),
+                                          np.concatenate([np.arange(lo, hi) for _, lo, hi in spans]))
+        for s, _, hi in spans:
+            self.drafts.written(s, hi)
+            self.blocks.drafted(s.slot, hi)
 
     def _draft(self, batch: list[Sequence], depths: list[int]) -> list:
         """Each method drafts its sequences that may still draft (depth >= 1) in one call."""
@@ -651,6 +678,10 @@ class Engine:
         s.metrics.completion_tokens = len(s.output_ids)
 
     def _release(self, s: Sequence) -> None:
+        if self.drafts is not None and s.slot >= 0 and s.finish_reason != "error":
+            # the pages it filled decoding (plainly, or past its last pass) serve drafters too
+            lo, hi = self.blocks.undrafted_rows(s.slot)
+            self._write_drafter_context([(s, lo, min(hi, s.length))])
         self.scheduler.release(s)
         self.proposers[s.method].release(s)
         self.adaptive.release(s)

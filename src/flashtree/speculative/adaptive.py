@@ -12,7 +12,7 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
 - `CostTable` (one per engine): measured seconds of the drafter pass by batch size (and per
   context row it must first catch up on), of the verify forward by (batch size, tokens per
   sequence) and of the rest of a round by batch size; seeded
-  by timing real forwards on free cache slots (`seed_costs`) and refreshed online from the
+  by timing real forwards on free cache slots (`engine/cost_seeding.py`) and refreshed online from the
   engine's per-round phase times (an EMA). No hand-written constants.
 - `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding) maximising the batch's
   expected committed tokens / (drafter cost + round cost at T).
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -47,7 +46,6 @@ import numpy as np
 from .tree import DraftTree
 
 if TYPE_CHECKING:
-    from ..engine.engine import Engine
     from ..engine.sequence import RequestMetrics, Sequence
 
 # path log-prob bin edges (ascending); 10 bins: (-inf, -6], (-6, -4], ..., (-0.15, 0]
@@ -71,7 +69,6 @@ REPEAT_PRIOR = 1.0      # ... while drafting rounds decided in repeating text ga
                         # on the whole (this many to start with): at C=1 on a 2-core CPU they win big
                         # (tau 8 against a break-even of 4) or lose (tau 1-3), so beating plain "half the
                         # time" probed at a loss (auto 0.95x a never-drafting auto request)
-SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed when the cost table is seeded
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -189,6 +186,7 @@ class CostTable:
     learn: bool = True
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
     _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
+    _passes_seen: set[int] = field(default_factory=set, repr=False)  # batch sizes whose first pass went unrecorded
 
     @property
     def measured(self) -> bool:
@@ -330,7 +328,9 @@ class CostTable:
             return
         self.record_verify(batch, tokens, times["verify_forward"])
         draft = times.get("draft", 0.0) + times.get("tree", 0.0)
-        if drafted and not caught_up:
+        if drafted and not caught_up and drafted not in self._passes_seen:
+            self._passes_seen.add(drafted)  # a first pass at a batch size is a cold call (~100x a steady one, eager)
+        elif drafted and not caught_up:
             self.record_draft(drafted, draft)
         elif drafted and self.draft_s:
             self.record_catch_up(caught_up, max(draft - self.draft(drafted), 0.0))
@@ -692,67 +692,3 @@ class AdaptiveBudget:
 
 
 # ----------------------------------------------------------------------------- seeding costs
-def seed_costs(engine: Engine, costs: CostTable, tokens=SEED_TOKENS, repeats: int = 2) -> None:
-    """Time real target forwards (batch 1 and, if slots allow, the engine's batch size) at the
-    widths `tokens`, and the drafter pass at those batch sizes, on free cache slots with a short
-    dummy context; record them in `costs`. The engine's sequences, counters and slot order are
-    left as they were. Needs at least one free slot."""
-    import torch
-
-    from ..engine.round import pack_trees
-    from ..engine.sequence import Sequence
-    from ..sampling_params import SamplingParams
-    from .tree import chain_tree
-
-    free = engine.blocks.free_slots
-    if not free:
-        return
-    batches = sorted({1, min(free, engine.config.max_batch_size)})
-    widest = min(max(tokens), engine.auto_budget + 1, engine.max_model_len - 1)
-    ctx = max(1, min(16, engine.max_model_len - widest))
-    widths = sorted({t for t in tokens if t <= widest} | {widest})
-    slots = [engine.blocks.allocate() for _ in range(batches[-1])]
-    sync = (lambda: torch.cuda.synchronize(engine.device)) if engine.device.type == "cuda" else (lambda: None)
-    temp: list[Sequence] = []
-
-    def timed(call) -> float:
-        call()  # warm (and compile, where compiled)
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            call()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
-
-    try:
-        with torch.inference_mode():
-            for B in batches:
-                for T in widths:
-                    vin = pack_trees([chain_tree(0, [0] * (T - 1)) for _ in range(B)], [ctx] * B, engine.device)
-                    run = lambda vin=vin, B=B: engine.runner.run_target(  # noqa: E731
-                        vin.ids, vin.positions, slots[:B], vin.lengths, vin.mask, vin.nodes)
-                    costs.record_verify(B, T, timed(run))
-            builder = engine.proposers.get("ddtree")
-            if engine.drafts is not None and builder is not None:
-                for B in batches:
-                    seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
-                                     method="ddtree", block_size=engine.default_block_size,
-                                     budget=engine.auto_budget, uniforms=None, stop_ids=frozenset(),
-                                     output_ids=[0], slot=slot, length=ctx) for slot in slots[:B]]
-                    temp += seqs
-
-                    def draft(seqs=seqs):  # the drafter pass and the trees built from it, as a round does
-                        for s in seqs:  # a few fresh context rows, within the dummy context
-                            engine.drafts.release(s)
-                            engine.drafts.on_prefill(s, min(3, ctx))
-                        out = engine.drafts.run(seqs)
-                        for s in seqs:
-                            builder.tree(s, out[s], s.block_size - 1)
-                    costs.record_draft(B, timed(draft))
-    finally:
-        for s in temp:
-            engine.drafts.release(s)
-        for slot in reversed(slots):  # the free list ends up in its original order
-            engine.blocks.free(slot)

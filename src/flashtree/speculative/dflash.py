@@ -105,6 +105,11 @@ class DFlashDrafts:
         self.cached.setdefault(seq, seq.length - rows)
         self.fed.pop(seq, None)
 
+    def written(self, seq: Sequence, rows: int) -> None:
+        """seq's context rows [0, rows) are in the drafter cache (the engine wrote them flat)."""
+        if seq in self.cached:
+            self.cached[seq] = max(self.cached[seq], rows)
+
     def pending_rows(self, seq: Sequence) -> int:
         """Context rows of seq a pass would feed first (0: none, or not a drafter sequence)."""
         c = self.cached.get(seq)

@@ -340,6 +340,10 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     layers_tag = "-".join(map(str, recipe.target_layer_ids))
     store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin")
     head = target.lm_head.weight.float()  # the frozen head in the drafter's float32 (a copy for bf16 targets)
+    scored = slot_w > 0                                                          # [A*B]: the slots with a loss
+    # a target served in bf16 (a CPU with bf16 products) trains its drafter in mixed precision:
+    # float32 weights and optimiser, bf16 products (a step 1.4 s -> 0.9 s for SmolLM2, 2 cores)
+    mixed = next(target.parameters()).dtype == torch.bfloat16
     drafter.train()
     while state.step < recipe.steps:
         index = rng.integers(0, len(rows), recipe.batch_size).tolist()
@@ -348,10 +352,11 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         feats = store.batch(index, ids.shape[1])                                # [N, T, F]
         with torch.no_grad():
             embeds = target.model.embed_tokens(block_ids).float()
-        hidden = drafter(embeds, block_pos, feats.float(), torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
-        logits = F.linear(hidden, head)                                         # [N, A*B, V]
-        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
-        loss = (ce * slot_w).sum() / (slot_w.sum() * len(batch))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            hidden = drafter(embeds, block_pos, feats, torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
+            logits = F.linear(hidden[:, scored], head)                          # [N, A*(B-1), V]: slot 0 has no loss
+        ce = F.cross_entropy(logits.float().flatten(0, 1), labels[:, scored].flatten(), reduction="none")
+        loss = (ce.view(len(batch), -1) * slot_w[scored]).sum() / (slot_w.sum() * len(batch))
         for g in opt.param_groups:
             g["lr"] = warmup_cosine(state.step, recipe.steps, recipe.lr, warmup)
         opt.zero_grad(set_to_none=True)
@@ -360,7 +365,8 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         opt.step()
         state.step += 1
         with torch.no_grad():
-            acc = (logits.argmax(-1) == labels).float().view(len(batch), recipe.anchors, B)[:, :, 1].mean().item()
+            acc = (logits.argmax(-1) == labels[:, scored]).float().view(len(batch), recipe.anchors, B - 1)[:, :, 0]\
+                .mean().item()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}")
         checkpoint = state.step % recipe.eval_every == 0

@@ -1,0 +1,126 @@
+"""Seeding budget="auto"'s cost table with timed real forwards, a forward at a time.
+
+Auto chooses a tree size from measured costs (`speculative/adaptive.py`'s `CostTable`): the
+target forward at several batch sizes and widths, and the drafter pass. Before the first auto
+sequence runs, `CostSeeder` times them on free cache slots over a short dummy context. While
+other sequences decode it runs one forward per engine step, in steps that prefill nothing, so
+no stream waits on the seeding longer than on a prefill chunk; on an idle engine it runs them
+all at once. An auto sequence decides from what is measured so far meanwhile (unmeasured costs:
+it trusts the drafter). Sequences, counters and the free-slot order are left as they were. It
+decides nothing.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..sampling_params import SamplingParams
+from ..speculative.adaptive import CostTable
+from ..speculative.tree import chain_tree
+from .round import pack_trees
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed
+REPEATS = 2                         # timed calls per measurement, after one untimed (warm, compile) call
+
+
+@dataclass
+class Probe:
+    """One measurement: the target forward of `batch` sequences x `tokens` (kind "verify"), or the
+    drafter pass and its trees for `batch` sequences (kind "draft")."""
+    kind: str
+    batch: int
+    tokens: int = 0
+    times: list[float] = field(default_factory=list)  # calls so far (the first untimed)
+
+
+def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
+    """Batch 1 and the engine's batch size (as slots allow) at the widths `tokens` (up to auto's
+    widest round), then the drafter pass at both batch sizes where a drafter builds trees."""
+    batches = sorted({1, min(free, engine.config.max_batch_size)})
+    widest = min(max(tokens), engine.auto_budget + 1, engine.max_model_len - 1)
+    widths = sorted({t for t in tokens if t <= widest} | {widest})
+    plan = [Probe("verify", B, T) for B in batches for T in widths]
+    if engine.drafts is not None and "ddtree" in engine.proposers:
+        plan += [Probe("draft", B) for B in batches]
+    return plan
+
+
+class CostSeeder:
+    def __init__(self, engine: Engine, costs: CostTable):
+        self.engine, self.costs = engine, costs
+        self.plan: deque[Probe] | None = None  # built at the first step (it sizes batches by free slots)
+
+    @property
+    def done(self) -> bool:
+        return self.plan is not None and not self.plan
+
+    def step(self, all_at_once: bool) -> None:
+        """One timed call of the next measurement (all of them with `all_at_once`)."""
+        eng = self.engine
+        if self.plan is None:
+            self.plan = deque(seeding_plan(eng, eng.blocks.free_slots)) if eng.blocks.free_slots else None
+        while self.plan:
+            probe = self.plan[0]
+            if probe.batch > eng.blocks.free_slots:  # slots went to requests: drop it (rounds measure that)
+                self.plan.popleft()
+                continue
+            probe.times.append(self._call(probe))
+            if len(probe.times) > REPEATS:
+                self._record(self.plan.popleft())
+            if not all_at_once:
+                return
+
+    def _record(self, probe: Probe) -> None:
+        secs = float(np.median(probe.times[1:]))
+        if probe.kind == "verify":
+            self.costs.record_verify(probe.batch, probe.tokens, secs)
+        else:
+            self.costs.record_draft(probe.batch, secs)
+
+    def _call(self, probe: Probe) -> float:
+        """Seconds of one call of `probe` on `probe.batch` free slots (given back after)."""
+        eng = self.engine
+        slots = [eng.blocks.allocate() for _ in range(probe.batch)]
+        ctx = max(1, min(16, eng.max_model_len - max(probe.tokens, 1)))  # a short dummy context
+        seqs: list[Sequence] = []
+        try:
+            with torch.inference_mode():
+                if probe.kind == "verify":
+                    vin = pack_trees([chain_tree(0, [0] * (probe.tokens - 1)) for _ in slots], [ctx] * len(slots),
+                                     eng.device)
+                    call = lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths,  # noqa: E731
+                                                         vin.mask, vin.nodes)
+                else:
+                    builder = eng.proposers["ddtree"]
+                    seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
+                                     method="ddtree", block_size=eng.default_block_size, budget=eng.auto_budget,
+                                     uniforms=None, stop_ids=frozenset(), output_ids=[0], slot=slot, length=ctx)
+                            for slot in slots]
+                    for s in seqs:  # a few fresh context rows, within the dummy context
+                        eng.drafts.on_prefill(s, min(3, ctx))
+
+                    def call():  # the drafter pass and the trees built from it, as a round does
+                        out = eng.drafts.run(seqs)
+                        for s in seqs:
+                            builder.tree(s, out[s], s.block_size - 1)
+                if eng.device.type == "cuda":
+                    torch.cuda.synchronize(eng.device)
+                t0 = time.perf_counter()
+                call()
+                if eng.device.type == "cuda":
+                    torch.cuda.synchronize(eng.device)
+                return time.perf_counter() - t0
+        finally:
+            for s in seqs:
+                eng.drafts.release(s)
+            for slot in reversed(slots):  # the free list ends up in its original order
+                eng.blocks.free(slot)
