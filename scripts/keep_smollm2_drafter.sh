@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Copies what a session's training run made into training/smollm2-135m-instruct-drafter/ for
 # committing: the data (gzipped), the held-out answers, the progress log, the latest drafter
-# (bf16 is not used: the drafter resumes in float32) and its report.
+# (float32: the drafter resumes from it) and its report, then the bundled bf16 copy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
 KEPT=training/smollm2-135m-instruct-drafter
 mkdir -p "$KEPT"
 for f in regenerated.jsonl heldout_greedy.jsonl; do
-  [ -f "$WORK/work/$f" ] && gzip -9 -c "$WORK/work/$f" > "$KEPT/$f.gz"
+  [ -f "$WORK/work/$f" ] && gzip -9 -n -c "$WORK/work/$f" > "$KEPT/$f.gz"
 done
 [ -f "$WORK/work/drafter_log.jsonl" ] && cp "$WORK/work/drafter_log.jsonl" "$KEPT/"
 if [ -f "$WORK/out/model.safetensors" ]; then
@@ -16,3 +16,22 @@ if [ -f "$WORK/out/model.safetensors" ]; then
   [ -f "$WORK/out/training_report.json" ] && cp "$WORK/out/training_report.json" "$KEPT/drafter/"
 fi
 ls -la "$KEPT"
+# the drafter flashtree ships (the registry's smollm2-135m-instruct drafter): the same weights in bf16
+BUNDLE=src/flashtree/bundled/smollm2-135m-instruct-drafter
+if [ -f "$KEPT/drafter/model.safetensors" ]; then
+  .venv/bin/python - "$KEPT/drafter" "$BUNDLE" <<'PY'
+import json, sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+src, dst = map(Path, sys.argv[1:])
+dst.mkdir(parents=True, exist_ok=True)
+state = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(src / "model.safetensors").items()}
+save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+cfg = json.loads((src / "config.json").read_text())
+(dst / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+PY
+  ls -la "$BUNDLE"
+fi

@@ -1,4 +1,4 @@
-"""The bundled pair loads with LLM() and its greedy dflash / ddtree output equals ar."""
+"""The bundled tiny-code pair loads by name and its greedy dflash / ddtree output equals ar."""
 import json
 
 import pytest
@@ -18,7 +18,7 @@ def test_bundled_files_are_present_and_small():
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(max_batch_size=4)
+    return LLM("tiny-code", max_batch_size=4)
 
 
 def test_greedy_dflash_and_ddtree_equal_ar_on_heldout_prompts(llm):

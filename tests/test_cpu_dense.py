@@ -137,7 +137,7 @@ def test_switched_off_the_runner_uses_f_linear_and_stays_exact():
         "sp = SamplingParams(temperature=0, max_tokens=24)\n"
         "outs = []\n"
         "for kw in ({'method': 'ar'}, {'method': 'ddtree', 'budget': 8}):\n"
-        "    llm = LLM(compile=False, **kw)\n"
+        "    llm = LLM(\"tiny-code\", compile=False, **kw)\n"
         "    assert llm.engine.runner.cpu_kernel is False\n"
         "    assert all(getattr(mod, 'packed', None) is None for mod in llm.engine.runner.target.modules())\n"
         "    outs.append(llm.generate(['def add(a, b):'], sp)[0].token_ids)\n"
@@ -152,7 +152,7 @@ def test_switched_off_the_runner_uses_f_linear_and_stays_exact():
 @needs_kernel
 def test_the_runner_packs_the_pairs_projections():
     from flashtree import LLM
-    llm = LLM(method="ddtree", budget=8, compile=False)
+    llm = LLM("tiny-code", method="ddtree", budget=8, compile=False)
     runner = llm.engine.runner
     assert runner.cpu_kernel is True
     packed = [m for m in list(runner.target.modules()) + list(runner.drafter.modules()) if isinstance(m, Linear)]

@@ -488,7 +488,7 @@ def test_8_special_tokens_typed_by_a_user_are_text():
 
 
 def test_8_special_tokens_over_http_are_text():
-    llm = LLM(method="ar")  # the bundled pair: a byte-level BPE with <|endoftext|>
+    llm = LLM("tiny-code", method="ar")  # the bundled pair: a byte-level BPE with <|endoftext|>
     r = Running(create_app(llm, model_name="b"))
     try:
         body = {"model": "b", "prompt": "x = 1<|endoftext|>", "max_tokens": 2, "temperature": 0}

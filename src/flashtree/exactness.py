@@ -241,6 +241,55 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     return cell
 
 
+@dataclass(slots=True)
+class PositionCheck:
+    """Speculative samples of a real pair against the target's exact next-token distributions.
+
+    A real vocabulary cannot be enumerated over several tokens, but one position can: among runs
+    whose first k tokens agree (a prefix seen at least `min_count` times), token k must follow the
+    target's sampling distribution after prompt + prefix. Each such (k, prefix) is a pooled
+    chi-square test; the check passes when the smallest p-value clears P_MIN / tests
+    (Bonferroni) and drafts were verified (mean accept length above 1)."""
+    label: str
+    n: int
+    tests: list[dict] = field(default_factory=list)  # {position, prefix, count, p_value, tv}
+    mean_accept_length: float = 0.0
+    passed: bool = False
+
+    @property
+    def min_p(self) -> float:
+        return min((t["p_value"] for t in self.tests), default=1.0)
+
+    def rejected(self) -> bool:
+        """The statistics flag it (what a negative control must show), with drafts verified."""
+        return self.mean_accept_length > 1 and bool(self.tests) and self.min_p <= P_MIN / len(self.tests)
+
+
+def position_check(target, drafter, prompt: list[int], params: SamplingParams, method: str,
+                   budget: int | str | None, n: int, positions=(1, 2, 3), min_count: int = 300,
+                   seed: int = 0, patch=None, batch: int = 64) -> PositionCheck:
+    """n seeded runs of `method`; each (position k in `positions`, prefix of k tokens seen at
+    least min_count times) tested against the exact distribution (see PositionCheck). Position 0
+    is the prefill's draw; later ones come out of verified trees (runs generate past them)."""
+    counts, tau = sample_sequences(target, drafter, prompt, params, method, budget, n, max(positions) + 1,
+                                   seed=seed, patch=patch, batch=batch)
+    check = PositionCheck(f"{method}{'/' + str(budget) if budget else ''} T={params.temperature} "
+                          f"top_p={params.top_p}", n, mean_accept_length=tau)
+    for k in positions:
+        by_prefix: dict[tuple, Counter] = {}
+        for seq, c in counts.items():
+            by_prefix.setdefault(seq[:k], Counter())[seq[k:k + 1]] += c
+        for prefix, nxt in by_prefix.items():
+            m = sum(nxt.values())
+            if m < min_count:
+                continue
+            exact = exact_distribution(target, prompt + list(prefix), params, 1)
+            check.tests.append({"position": k, "prefix": list(prefix), "count": m,
+                                "p_value": chi_square_pooled(nxt, exact, m), "tv": total_variation(nxt, exact, m)})
+    check.passed = bool(check.tests) and tau > 1 and check.min_p > P_MIN / len(check.tests)
+    return check
+
+
 FILTERS = {"none": dict(), "top_k": dict(top_k=3), "top_p": dict(top_p=0.8), "min_p": dict(min_p=0.1),
            "all": dict(top_k=4, top_p=0.9, min_p=0.05)}
 
@@ -275,7 +324,8 @@ def greedy_walk_sampled_bonus(engine: Engine) -> None:
 NEGATIVE_CONTROLS = {"temperature_x1.1": wrong_temperature, "greedy_walk_sampled_bonus": greedy_walk_sampled_bonus}
 
 __all__ = ["tiny_pair", "exact_distribution", "sample_sequences", "target_drafts", "chi_square_pooled",
-           "total_variation", "reference_tv", "Cell", "check_cell", "grid", "NEGATIVE_CONTROLS"]
+           "total_variation", "reference_tv", "Cell", "check_cell", "grid", "NEGATIVE_CONTROLS",
+           "PositionCheck", "position_check"]
 
 
 def compare_with_plain(llm, n: int = 3000, prompts: list[str] | None = None, n_tokens: int = 3,

@@ -1,0 +1,83 @@
+"""Exactness on the real pair: SmolLM2-135M-Instruct with the drafter trained for it.
+
+Greedy output of every method equals plain greedy decoding (method "ar") token for token, at
+C=1 and C=8, within a dtype; sampled output at T=0.6 and 1.0 (top-p 0.95) follows the target's
+exact next-token distribution at positions drafted and verified in trees (`position_check`),
+with drafts verified (tau > 1), and a verifier 10 % off in temperature is caught. The default
+suite runs the C=8 float32 greedy check; the rest is marked slow (`make test-slow`)."""
+from __future__ import annotations
+
+import pytest
+
+from flashtree import LLM, SamplingParams
+from flashtree.exactness import position_check, wrong_temperature
+from flashtree.models.registry import MODELS
+
+REAL = MODELS["smollm2-135m-instruct"]
+pytestmark = pytest.mark.skipif(not REAL.has_drafter(), reason="the real pair's drafter is not bundled")
+
+CHATS = ["Write a Python function that checks whether a number is prime.",
+         "Explain what a Python list comprehension is, with an example.",
+         "What is the capital of Japan? Answer in one sentence.",
+         "Give me three tips for writing clear code.",
+         "How do I read a JSON file in Python?",
+         "Summarise what a hash table is.",
+         "Write a haiku about autumn.",
+         "What does the `with` statement do in Python?"]
+METHODS = [("ngram", {}), ("dflash", {}), ("ddtree", {}), ("ddtree", {"budget": 8}), ("hybrid", {}), ("hybrid", {"budget": 8})]
+
+
+def greedy_outputs(llm: LLM, chats: list[str], max_tokens: int, batch: int, **kw) -> tuple[list, list]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    convs = [[{"role": "user", "content": c}] for c in chats]
+    outs = []
+    for i in range(0, len(convs), batch):
+        outs += llm.chat(convs[i:i + batch], params, use_tqdm=False, **kw)
+    return [o.token_ids for o in outs], [t for o in outs for t in o.metrics.accept_lengths]
+
+
+def check_methods(dtype: str, batch: int, chats: list[str], max_tokens: int) -> None:
+    llm = LLM("smollm2-135m-instruct", dtype=dtype, compile=False, max_batch_size=8)
+    want, _ = greedy_outputs(llm, chats, max_tokens, batch, method="ar")
+    for method, kw in METHODS:
+        got, taus = greedy_outputs(llm, chats, max_tokens, batch, method=method, **kw)
+        assert got == want, (method, kw, dtype, batch)
+        if method == "dflash" or kw:  # fixed shapes: drafts were accepted, the check compared something
+            assert sum(taus) / len(taus) > 1.2, (method, kw)  # (auto may decode plainly; ngram finds few n-grams)
+
+
+def test_greedy_equals_ar_for_every_method_at_c8_fp32():
+    check_methods("float32", 8, CHATS[:4], 40)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_equals_ar_for_every_method(dtype, batch):
+    check_methods(dtype, batch, CHATS, 96)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", compile=False, method="ar")
+    prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about the sea."}])
+    return llm.engine.target, llm.engine.drafter, prompt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+@pytest.mark.parametrize("method,budget", [("dflash", None), ("ddtree", 8)])
+def test_sampled_positions_follow_the_exact_distribution(pair, temperature, method, budget):
+    target, drafter, prompt = pair
+    check = position_check(target, drafter, prompt, SamplingParams(temperature=temperature, top_p=0.95), method,
+                           budget, n=1500, min_count=250)
+    assert check.mean_accept_length > 1 and len(check.tests) >= 2, check
+    assert check.passed, check
+
+
+@pytest.mark.slow
+def test_a_verifier_ten_percent_off_in_temperature_is_caught(pair):
+    target, drafter, prompt = pair
+    check = position_check(target, drafter, prompt, SamplingParams(temperature=1.0, top_p=0.95), "ddtree", 8,
+                           n=1500, min_count=250, patch=wrong_temperature)
+    assert check.rejected(), check
