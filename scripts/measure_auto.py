@@ -20,10 +20,11 @@ p.add_argument("--repeats", type=int, default=3)
 p.add_argument("--num-prompts", type=int, default=8)
 p.add_argument("--max-tokens", type=int, default=96)
 p.add_argument("--out", default=None)
+p.add_argument("--model", default="tiny-code")
 a = p.parse_args()
 root = Path(__file__).resolve().parents[1]
 prompts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")][:a.num_prompts]
-llm = LLM(method="ddtree")
+llm = LLM(a.model, method="ddtree")
 configs = [("ar", None), ("ddtree", 8), ("ddtree", 16), ("ddtree", "auto"), ("hybrid", "auto")]
 cells = [(0.0, 1), (1.0, 1), (0.0, 8), (1.0, 8)]
 runs: dict = {}

@@ -29,6 +29,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", default=None)
 p.add_argument("--pairs", type=int, default=5, help="cold/warm TTFT pairs")
 p.add_argument("--method", default="ddtree")
+p.add_argument("--model", default="tiny-code")
 a = p.parse_args()
 root = Path(__file__).resolve().parents[1]
 texts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")]
@@ -47,7 +48,7 @@ def run_until_first(eng, ids, params):
 
 
 # ------------------------------------------------------------------------ 1. memory
-llm = LLM(method=a.method, max_batch_size=64, max_model_len=2048, kv_cache_tokens=16384)
+llm = LLM(a.model, method=a.method, max_batch_size=64, max_model_len=2048, kv_cache_tokens=16384)
 eng = llm.engine
 kv_bytes = eng.runner.cache.nbytes + sum(c.nbytes for c in (eng.runner.draft_cache, eng.runner.features) if c)
 per_token = kv_bytes / eng.runner.cache.k.shape[1]
@@ -75,7 +76,7 @@ print("memory:", report["memory"], flush=True)
 del llm, eng
 
 # ------------------------------------------------------------------------ 2. prefix cache TTFT
-llm = LLM(method=a.method, max_batch_size=4)
+llm = LLM(a.model, method=a.method, max_batch_size=4)
 eng, tok = llm.engine, llm.tokenizer
 corpus = tok.encode("\n".join(texts * 20))
 # a few tokens: the first round runs the drafter over the prompt, writing the drafter's context rows
@@ -101,7 +102,7 @@ del llm, eng
 
 
 def gaps(budget: int | None) -> dict:
-    llm = LLM(method=a.method, max_batch_size=5, max_num_batched_tokens=budget, enable_prefix_caching=False)
+    llm = LLM(a.model, method=a.method, max_batch_size=5, max_num_batched_tokens=budget, enable_prefix_caching=False)
     eng, tok = llm.engine, llm.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
     streams = [eng.add_request(tok.encode(t), params) for t in texts[:4]]

@@ -55,7 +55,7 @@ def one_pass(config: str, prompts: int, max_tokens: int, work: Path) -> dict:
     else:
         from flashtree import LLM, SamplingParams
         method, _, budget = config.partition("@")
-        llm = LLM(method=method, **({"budget": int(budget)} if budget else {}))
+        llm = LLM("tiny-code", method=method, **({"budget": int(budget)} if budget else {}))
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
         def gen(p):

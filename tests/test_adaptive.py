@@ -135,6 +135,8 @@ def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
     an auto request joining later would draft on it)."""
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ngram", max_batch_size=4, max_model_len=128))
+    for t in (1, 2, 4, 8, 16):  # a flat verify cost (still learning): every chain is worth verifying whole
+        eng.adaptive.costs.record_verify(4, t, 1e-3)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     seqs = [eng.add_request(p, params) for p in repetitive_prompts(8)]
     while eng.has_work():

@@ -331,3 +331,16 @@ def test_the_pooled_interval_tells_a_one_percent_cost_from_the_machines_drift():
     r, lo, hi = pooled_ratio(passes(speeds, 0.0), base)
     assert lo < 1.0 < hi and hi - lo < 0.01
     assert pooled_ratio([Pass(1.0, 10)], [Pass(1.0, 10)]) is None  # no slices: no interval
+
+
+def test_prompt_files_hold_text_or_chats(tmp_path):
+    from flashtree.train.chats import HELDOUT_CHATS
+    from flashtree.train.corpus import load_prompts
+    chats = load_prompts(HELDOUT_CHATS)       # what `bench --prompts chats` reads
+    assert len(chats) >= 16 and all(isinstance(c, list) and c[0]["role"] == "user" for c in chats)
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "def f():"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert load_prompts(f) == ["def f():", [{"role": "user", "content": "hi"}]]
+    f.write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match="no 'prompt' field and no 'messages' list"):
+        load_prompts(f)

@@ -6,8 +6,8 @@ import pytest
 from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
 from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
-from flashtree.speculative.ngram import ngram_match
-from helpers import repetitive_prompts
+from flashtree.speculative.ngram import Acceptance, chain_curve, ngram_match
+from helpers import pin, repetitive_prompts
 
 
 # ---------------------------------------------------------------- matching
@@ -53,6 +53,7 @@ def prompts(n=16, seed=0):
 
 def run(target, drafter, cfgs, ps, batch, max_tokens=24):
     eng = Engine(target, drafter, EngineConfig(method="ar", max_batch_size=batch, max_model_len=160))
+    pin(lambda b, t: 1e-3)(eng)  # a flat verify cost: every chain is worth verifying whole (see test_ngram_choice...)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     seqs = [eng.add_request(p, params, **cfgs[i % len(cfgs)]) for i, p in enumerate(ps)]
     while eng.has_work():
@@ -223,3 +224,36 @@ def test_ngram_match_equals_a_brute_force_search():
         mn = rng.randint(1, 4)
         mx, k = rng.randint(mn, 6), rng.randint(0, 5)
         assert ngram_match(t, mx, mn, k) == brute(t, mx, mn, k), (t, mx, mn, k)
+
+
+def test_ngram_chains_are_cut_to_what_pays_under_the_measured_costs(models):
+    """Issue 39.5: how much of a copied chain a round verifies follows the sequence's acceptance
+    and the engine's costs. Flat costs: whole chains. A verify costing 3x more per extra token
+    than acceptance repays: plain rounds — and the output never changes."""
+    target, _ = models
+    ps = repetitive_prompts(4)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    def rounds(cost):
+        eng = Engine(target, None, EngineConfig(method="ngram", max_batch_size=4, max_model_len=160))
+        pin(cost)(eng)
+        seqs = [eng.add_request(p, params) for p in ps]
+        while eng.has_work():
+            eng.step()
+        wide = sum(n for (m, _, t), n in eng.runner.shapes.items() if m == "target" and t > 1)
+        return [s.output_ids for s in seqs], wide, [t for s in seqs for t in s.metrics.accept_lengths]
+    flat_out, flat_wide, flat_taus = rounds(lambda b, t: 1e-3)
+    dear_out, dear_wide, dear_taus = rounds(lambda b, t: 1e-3 * (1 + 3 * (t - 1)))
+    assert flat_out == dear_out
+    assert flat_wide > 5 and max(flat_taus) > 1      # whole chains verified, and accepted
+    assert dear_wide <= 1 and max(dear_taus) == 1    # (a wide forward is any prefill chunk too)
+
+
+def test_acceptance_learns_and_forgets():
+    a = Acceptance()
+    assert a.rate(0) == 0.5                          # the prior
+    for r in range(5):
+        a.update(r, drafted=4, accepted=0)           # every copy rejected at once
+    assert a.rate(5) < 0.2
+    assert a.rate(5 + 40) > 0.45                     # forty plain rounds later: back near the prior, so it probes
+    assert chain_curve(0.5, 3) == [1.0, 1.5, 1.75, 1.875]

@@ -3,7 +3,7 @@ import numpy as np
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
-from flashtree.engine.round import DraftOutput
+from flashtree.speculative.tree import DraftOutput
 from flashtree.models.loader import load_drafter, load_target
 
 

@@ -513,7 +513,7 @@ def test_a_broken_engine_makes_serve_exit_1(pair, tmp_path):
 import sys
 from flashtree import LLM
 from flashtree.cli import build_parser
-from flashtree.server.app import run
+from flashtree.commands.serve import run
 llm = LLM(model={pair[0]!r}, draft={pair[1]!r}, method="ar", max_batch_size=2)
 def broken(*a):
     raise RuntimeError("the device is gone")

@@ -56,9 +56,10 @@ def test_mixed_methods_in_one_batch_equal_ar(models):
 
 
 def test_pending_context_written_flat_drafts_as_padded_does(models):
-    """A pass whose pending context rows would be mostly padding (a long prompt joining short
-    ones) writes them to the drafter cache first as one flat batch: the same drafts, round by
-    round, as the padded pass, and greedy output still plain decoding's."""
+    """A pass whose pending context rows would be mostly padding writes them to the drafter
+    cache first as one flat batch: the same drafts, round by round, as the padded pass, and
+    greedy output still plain decoding's. (Prompts go to the drafter cache flat at prefill in
+    both runs; what a pass finds pending differs per sequence by its accepted path.)"""
     target, drafter = models
     rng = random.Random(7)
     ps = [[rng.randrange(0, 95) for _ in range(n)] for n in (60, 2, 3, 50, 1, 4, 45, 2)]
@@ -77,7 +78,7 @@ def test_pending_context_written_flat_drafts_as_padded_does(models):
     (out_f, tau_f, drafts_f, flat_f), (out_p, tau_p, drafts_p, flat_p) = runs[0], runs[10**9]
     assert out_f == out_p == ref
     assert tau_f == tau_p  # (rows written one place off: the drafts change and so do the taus)
-    assert flat_f > 0 and flat_p == 0 and len(drafts_f) == len(drafts_p)
+    assert flat_f > flat_p and len(drafts_f) == len(drafts_p)  # (flat_p: the prompts' prefill writes)
     for f, p in zip(drafts_f, drafts_p):
         assert [s.req_id for s in f] == [s.req_id for s in p]
         for a, b in zip(f.values(), p.values()):
@@ -107,13 +108,13 @@ def test_kept_features_of_committed_rows_are_the_targets_features_of_those_token
             if (kept - ref[0]).abs().max() >= 1e-4:  # (an assert here would fail only the request)
                 wrong.append((s.req_id, s.length))
             checked.append(eng.drafts.pending_rows(s))
-            assert checked[-1] == s.length - eng.drafts.cached_rows(s) > 0
+            assert checked[-1] == s.length - eng.drafts.cached_rows(s) >= 0  # (0: the prompt, written at prefill)
         return eng.drafts.run(batch)
     eng.drafts.source = source
     while eng.has_work():
         eng.step()
     assert not wrong and all(len(s.output_ids) == 24 and s.finish_reason == "length" for s in seqs)
-    assert len(checked) > 40 and max(checked) > 5
+    assert len(checked) > 40 and max(checked) > 1  # (rows pending: what the rounds since the last pass committed)
     assert any(e["path"] != list(range(e["tau"])) for e in eng.round_log)  # accepted nodes were moved down
 
 

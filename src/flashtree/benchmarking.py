@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from .engine.sequence import tau_histogram
 from .errors import UserError
 from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter, proposer_class
@@ -541,9 +542,7 @@ def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, bloc
         costs = costs_by_mode[cfg.compiled]
         taus = [t for p in passes for t in p.accept_lengths]
         tau = mean_tau(passes)
-        hist = [0] * max(block_size, max(taus, default=1))
-        for t in taus:
-            hist[t - 1] += 1
+        hist = tau_histogram(taus, block_size)
         tok_s = median([p.tok_s for p in passes])
         n = tree_size(cfg, block_size)
         bound = costs.bound(cfg, tau, block_size)

@@ -17,7 +17,7 @@ COMMANDS = {
     "chat": ("flashtree.commands.chat", "an interactive chat in the terminal (/reset, /exit)"),
     "models": ("flashtree.commands.models", "list the models flashtree knows by name"),
     "convert": ("flashtree.commands.convert", "convert a .gguf file into an HF directory"),
-    "serve": ("flashtree.server.app", "run the OpenAI-compatible HTTP server"),
+    "serve": ("flashtree.commands.serve", "run the OpenAI-compatible HTTP server"),
     "bench": ("flashtree.commands.bench", "benchmark methods x budgets x temperatures x concurrency vs peers"),
     "verify": ("flashtree.commands.verify", "statistical losslessness report (exit code != 0 on failure)"),
     "trace": ("flashtree.commands.trace", "write an HTML page showing each round's draft tree"),

@@ -22,11 +22,12 @@ import torch
 
 from .config import DrafterConfig, ModelConfig
 from .engine.engine import AUTO_MAX_BUDGET, Engine, EngineConfig
-from .engine.round import DraftOutput
+from .speculative.tree import DraftOutput
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
 from .sampling import logits_to_probs
 from .sampling_params import SamplingParams
+from .speculative.adaptive import CostTable
 from .speculative.verify import verify_tree
 
 
@@ -83,6 +84,8 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
                                                max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
                                                max_queue=n_samples, page_size=page_size,
                                                compile=compile))
+    if method == "ngram":  # its chains follow measured costs; a cell verifies them whole (flat, pinned costs)
+        eng.adaptive.costs = flat_costs()
     if patch is not None:
         patch(eng)
     base = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
@@ -95,6 +98,15 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
         stats["prefix_hit_tokens"] = eng.scheduler.prefix_hit_tokens
     counts = Counter(tuple(s.output_ids[:n_tokens]) for s in seqs)
     return counts, (sum(taus) / len(taus) if taus else 0.0)
+
+
+def flat_costs(batches=(1, 512), widths=(1, 64)) -> CostTable:
+    """A pinned cost table in which a forward costs the same at every width: every draft pays."""
+    costs = CostTable(learn=False)
+    for b in batches:
+        for t in widths:
+            costs.record_verify(b, t, 1e-3)
+    return costs
 
 
 def target_drafts(target: TargetModel):

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from .engine.sequence import tau_histogram
 from .speculative.proposer import METHODS, proposer_class
 
 COL_W, ROW_H, NODE_W, NODE_H, PAD = 118, 34, 104, 26, 10
@@ -124,8 +125,8 @@ def _node(x, y, label, prob, fill, stroke, cls, title) -> str:
 
 
 def histogram_svg(taus: list[int], block_size: int) -> str:
-    n = max(block_size, max(taus, default=1))
-    counts = [taus.count(t) for t in range(1, n + 1)]
+    counts = tau_histogram(taus, block_size)
+    n = len(counts)
     top, bw, h = max(counts, default=1) or 1, 26, 90
     bars = "".join(
         f'<rect x="{8 + k * bw}" y="{18 + h - h * c / top:.0f}" width="{bw - 4}" height="{h * c / top:.0f}" '

@@ -57,8 +57,9 @@ def add_arguments(p) -> None:
     add_sampling_arguments(p)
     # --method/--budget/--temperature become the single-value forms of the lists below
     p.set_defaults(method=None, temperature=None)
-    p.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field per line "
-                   "(default: the bundled held-out stdlib prompts)")
+    p.add_argument("--prompts", default=None, help="JSONL with a 'prompt' (text) or 'messages' (a chat: the "
+                   "chat template applied) field per line (default: the bundled held-out stdlib prompts; "
+                   "'chats': the bundled held-out chat requests)")
     p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
     p.add_argument("--methods", type=_list(str), default=None,
                    help=f"comma list of {','.join(METHODS)} (default: all; ar is always run as the baseline)")
@@ -165,6 +166,9 @@ def run(args) -> int:
     base = replace(sampling_params(args), ignore_eos=args.ignore_eos)  # validated before loading
     if args.num_prompts < 1:
         raise UserError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.prompts == "chats":
+        from ..train.chats import HELDOUT_CHATS
+        args.prompts = str(HELDOUT_CHATS)
     if args.prompts is not None and not Path(args.prompts).is_file():
         raise UserError(f"{args.prompts}: prompt file not found (JSONL with a 'prompt' field per line)")
     prompts = load_prompts(args.prompts)[:args.num_prompts]
@@ -175,7 +179,7 @@ def run(args) -> int:
     if getattr(args, "draft_len", None) is None:  # ngram copies as many tokens as the prompt-lookup peer
         args.draft_len = args.prompt_lookup_tokens
     llm = load_llm(args, max_batch_size=max(plan.concurrency))
-    prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
+    prompt_ids = [llm.tokenizer.encode_chat(p) if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]
     peers = pe.load_peers(choice, llm, prompt_ids, base.max_tokens, args.prompt_lookup_tokens, llama_cpp)
 
     load_before = bm.machine_load()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..errors import EngineFailure, QueueFullError, RequestError, UserError  # noqa: F401 (re-exported)
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host
@@ -130,22 +130,6 @@ class StepEvent:
     new_ids: list[int]   # tokens emitted by this step (after stop truncation)
 
 
-class QueueFullError(RuntimeError):
-    pass
-
-
-class RequestError(UserError):
-    """A request the engine cannot run; `param` names the offending parameter (for HTTP 400s)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-class EngineFailure(RuntimeError):
-    """The engine is no longer usable (not one request's fault): its owner should stop it."""
-
-
 def _refuse_options(method: str, **given) -> None:
     """An option the method does not take would be ignored, so it is refused instead."""
     cls = proposer_class(method)
@@ -210,7 +194,7 @@ class Engine:
         self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
         self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
-        self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0, "accepted_by_position": {}}
+        self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0}
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
@@ -639,7 +623,6 @@ class Engine:
                     probed.append((s, choice, tau))
                 s.metrics.budgets.append(choice.nodes)
                 s.metrics.predicted_taus.append(choice.predicted_tau)
-            self.stats["accepted_by_position"][tau] = self.stats["accepted_by_position"].get(tau, 0) + 1
             if self.round_log is not None:
                 self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
                                        "tau": tau, "predicted_tau": choice and choice.predicted_tau})

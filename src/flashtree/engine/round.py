@@ -16,12 +16,6 @@ from ..speculative.tree import DraftTree
 
 
 @dataclass(slots=True)
-class DraftOutput:
-    logprobs: np.ndarray   # [L, K] per-depth top-K draft log-probs, descending
-    ids: np.ndarray        # [L, K] their token ids
-
-
-@dataclass(slots=True)
 class VerifyInput:
     """Packed trees: host arrays for the walk (`speculative/verify.py`), device tensors for the
     target forward."""

@@ -27,7 +27,6 @@ from .sequence import Sequence
 @dataclass(slots=True)
 class Schedule:
     prefills: list[Sequence] = field(default_factory=list)   # each computes its next `chunk` prompt tokens
-    decode: list[Sequence] = field(default_factory=list)     # a round each (pages reserved)
     preempted: list[Sequence] = field(default_factory=list)  # sent back to the queue this step
 
 
@@ -68,9 +67,8 @@ class Scheduler:
     def schedule(self) -> Schedule:
         out = Schedule()
         for s in list(self.running):
-            if s in self.running and s.decoding and not s.finished \
-                    and self._reserve(s, s.length + self.round_rows(s), out):
-                out.decode.append(s)
+            if s in self.running and s.decoding and not s.finished:  # pages for its round (or preempted)
+                self._reserve(s, s.length + self.round_rows(s), out)
         prefilling = [s for s in self.running if not s.decoding and not s.finished]
         left = self.max_num_batched_tokens - sum(_rest(s) for s in prefilling)
         while left > 0 and self.waiting and len(self.running) < self.max_batch_size and self._admit(self.waiting[0]):
@@ -105,8 +103,6 @@ class Scheduler:
             victim = self.running[-1]
             self.preempt(victim)
             out.preempted.append(victim)
-            if victim in out.decode:
-                out.decode.remove(victim)
             if victim is s:
                 return False
         return True

@@ -8,6 +8,16 @@ from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
 
 
+def tau_histogram(taus, block_size: int) -> list[int]:
+    """counts[t-1] = rounds that committed t tokens (bonus included), t = 1..max(block_size, the
+    largest tau): the one histogram the server's usage, the bench and the trace report."""
+    taus = list(taus)
+    counts = [0] * max(block_size, max(taus, default=1))
+    for t in taus:
+        counts[t - 1] += 1
+    return counts
+
+
 @dataclass(slots=True)
 class RequestMetrics:
     rounds: int = 0
@@ -24,11 +34,7 @@ class RequestMetrics:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 
     def histogram(self, block_size: int) -> list[int]:
-        """counts[t-1] = rounds that committed t tokens, t = 1..block_size."""
-        counts = [0] * max(block_size, max(self.accept_lengths, default=1))
-        for t in self.accept_lengths:
-            counts[t - 1] += 1
-        return counts
+        return tau_histogram(self.accept_lengths, block_size)
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "accept_lengths": list(self.accept_lengths),

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..engine.engine import QueueFullError
+from ..errors import QueueFullError
 from ..engine.sequence import RequestMetrics, Sequence
 from ..sampling_params import SamplingParams
 from .limits import ServerLimits

@@ -274,13 +274,6 @@ class CostTable:
         elif batch in self.walk_s:
             self._ema(self.walk_row_s, batch, max(secs - self.walk_s[batch], 0.0) / (batch * (tokens - 1)))
 
-    def walk(self, batch: int, tokens):
-        """The verify walk of `batch` sequences x `tokens` (a number or an array): base + rows x row cost."""
-        base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
-        row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
-        extra = (np.asarray(tokens, dtype=float) if np.ndim(tokens) else tokens) - 1  # rows past the root's
-        return base + row * batch * extra
-
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
         work (`tokens`: a width >= 1, or an array of them). None until a forward is measured."""

@@ -4,9 +4,8 @@ prefix `speculative/adaptive.py` chooses), at most `topk` children per node. Sha
 drafter pass."""
 from __future__ import annotations
 
-from ..engine.round import DraftOutput
 from .dflash import DFlash
-from .tree import DraftTree, build_ddtree
+from .tree import DraftOutput, DraftTree, build_ddtree
 
 
 class DDTree(DFlash):

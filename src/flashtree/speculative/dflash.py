@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..engine.round import DraftOutput
 from ..models import cpu_dense
 from .proposer import Proposer
-from .tree import DraftTree, chain_tree
+from .tree import DraftOutput, DraftTree, chain_tree
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine

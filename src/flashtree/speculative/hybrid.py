@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 
-from ..engine.round import DraftOutput
+from ..errors import RequestError
 from .ddtree import DDTree
 from .ngram import check_ngram, ngram_match
-from .tree import DraftTree
+from .tree import DraftOutput, DraftTree
 
 
 def build_hybrid(root: int, topk_logprobs: np.ndarray | None, topk_ids: np.ndarray | None,
@@ -84,7 +84,6 @@ class Hybrid(DDTree):
         self.copies: dict = {}  # seq -> its n-gram chain of this round (what on_commit calibrates on)
 
     def configure(self, block_size, budget, topk, options) -> dict:
-        from ..engine.engine import RequestError
         eng, c = self.engine, self.engine.config
         bs = eng.block_size_of(block_size)
         bud = eng.check_budget(budget) if budget is not None else eng.default_budget

@@ -1,6 +1,6 @@
 """Draft trees: the DDTree best-first builder, the DFlash chain, and their flat encoding.
 
-A tree is nodes in pop order, root (the bonus token, index 0) first, so parents precede
+A drafting method proposes a `DraftOutput` (per-depth top-K drafts); a tree is nodes in pop order, root (the bonus token, index 0) first, so parents precede
 children and siblings come in descending draft probability. `DraftTree` holds one sequence's
 tree on the host; packing many trees into one target forward lives in `engine/round.py`.
 This module never sees the target model or samples anything.
@@ -11,6 +11,13 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(slots=True)
+class DraftOutput:
+    """A drafter's (or n-gram lookup's) proposal for one sequence, before a tree is built from it."""
+    logprobs: np.ndarray   # [L, K] per-depth top-K draft log-probs, descending
+    ids: np.ndarray        # [L, K] their token ids
 
 
 @dataclass(slots=True)

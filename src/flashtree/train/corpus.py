@@ -95,15 +95,16 @@ def write_prompts(out: Path = PROMPTS_FILE) -> int:
     return len(prompts)
 
 
-def load_prompts(path: str | Path | None = None) -> list[str]:
+def load_prompts(path: str | Path | None = None) -> list[str | list[dict]]:
+    """A JSONL file's prompts: each line's 'prompt' (text) or 'messages' (a chat, OpenAI-style)."""
     path = Path(path) if path else PROMPTS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: prompt file not found (JSONL with a 'prompt' field per line)")
+        raise FileNotFoundError(f"{path}: prompt file not found (JSONL with a 'prompt' or 'messages' field per line)")
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             row = json.loads(line)
-            if "prompt" not in row:
-                raise ValueError(f"{path}:{i}: line has no 'prompt' field")
-            out.append(row["prompt"])
+            if "prompt" not in row and not isinstance(row.get("messages"), list):
+                raise ValueError(f"{path}:{i}: line has no 'prompt' field and no 'messages' list")
+            out.append(row["prompt"] if "prompt" in row else row["messages"])
     return out
