@@ -8,7 +8,8 @@ machine (`../shared/tools/quiet`):
    whose outputs must equal the same prompts run one at a time.
 2. prefix cache: time to first token of a request with a ~1,500-token prefix seen before (warm,
    different suffix) against one with a fresh prefix (cold); interleaved pairs, medians.
-3. chunked prefill: 4 streams decode; a ~1,800-token prompt arrives. The gaps between the
+3. chunked prefill: 4 plain (ar) streams decode; a ~1,800-token prompt with --method and
+   max_tokens=1 arrives. The gaps between the
    streams' successive token deliveries (engine steps that emit), largest vs median, with the
    default per-step prefill budget and with the whole prompt in one step.
 
@@ -105,13 +106,13 @@ def gaps(budget: int | None) -> dict:
     llm = LLM(a.model, method=a.method, max_batch_size=5, max_num_batched_tokens=budget, enable_prefix_caching=False)
     eng, tok = llm.engine, llm.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
-    streams = [eng.add_request(tok.encode(t), params) for t in texts[:4]]
+    streams = [eng.add_request(tok.encode(t), params, method="ar") for t in texts[:4]]  # plain streams
     for _ in range(5):  # the streams are decoding
         eng.step()
     longp = corpus[:1800]
-    big = eng.add_request(longp, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    big = eng.add_request(longp, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))  # --method's
     last, out, steps = time.perf_counter(), [], 0
-    while not big.output_ids or steps < 20:
+    while not big.output_ids or steps < 80:  # (past the cost seeding an auto request starts)
         events = eng.step()
         steps += 1
         now = time.perf_counter()

@@ -37,7 +37,7 @@ def greedy_outputs(llm: LLM, chats: list[str], max_tokens: int, batch: int, **kw
 
 
 def check_methods(dtype: str, batch: int, chats: list[str], max_tokens: int) -> None:
-    llm = LLM("smollm2-135m-instruct", dtype=dtype, compile=False, max_batch_size=8)
+    llm = LLM("smollm2-135m-instruct", dtype=dtype, compile=False, max_batch_size=8, max_model_len=1024)
     want, _ = greedy_outputs(llm, chats, max_tokens, batch, method="ar")
     for method, kw in METHODS:
         got, taus = greedy_outputs(llm, chats, max_tokens, batch, method=method, **kw)
@@ -59,7 +59,7 @@ def test_greedy_equals_ar_for_every_method(dtype, batch):
 
 @pytest.fixture(scope="module")
 def pair():
-    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", compile=False, method="ar")
+    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", compile=False, method="ar", max_model_len=1024)
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about the sea."}])
     return llm.engine.target, llm.engine.drafter, prompt
 
