@@ -6,6 +6,8 @@ OUT=benchmarks/real_pair_2026-12-04
 ../shared/tools/quiet 300
 lscpu > $OUT/lscpu.txt
 uptime
+.venv/bin/python -c "import torch, time; torch.set_num_threads(2); x = torch.ones(128 * 2**20); [x.sum() for _ in range(3)]
+t = time.perf_counter(); [x.sum() for _ in range(10)]; print('read bandwidth GB/s (fp32 sum over 512 MB):', round(10 * x.numel() * 4 / (time.perf_counter() - t) / 1e9, 1))" | tee $OUT/bandwidth.txt
 # issue 40: one bench run on held-out chats, 128 tokens, dtype auto, C=1 and C=8, T=0 / 0.6 / 1.0
 # (top-p 0.95 for the sampled ones), llama.cpp on the same prompts at the same precision and its Q4_1 file
 .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 --max-tokens 128 \
