@@ -212,6 +212,12 @@ def test_bench_speculative_methods_need_a_drafter(pair, capsys):
     target, _, prompts = pair
     assert main(["bench", "--model", str(target), "--prompts", str(prompts)]) == 2
     assert "--draft" in capsys.readouterr().err
+    # a model named with its own drafter needs no --draft
+    import argparse
+    from flashtree.commands.bench import add_arguments, plan_from_args
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert plan_from_args(p.parse_args(["--model", "tiny-code", "--methods", "ar,dflash"])).methods == ["ar", "dflash"]
 
 
 def test_tree_size_of_a_capped_tree():

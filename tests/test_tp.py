@@ -43,7 +43,7 @@ def llama_pair(tmp_path_factory):
 
 
 def pair_of(which, tiny_pair, llama_pair):
-    return {"bundled": (None, None), "qwen3": tiny_pair, "llama": llama_pair}[which]
+    return {"bundled": ("tiny-code", None), "qwen3": tiny_pair, "llama": llama_pair}[which]
 
 
 def near_tie_gap(model, prompt, a, b) -> float:

@@ -101,6 +101,12 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="bench-results", help="output folder for bench.json, report.md, PNGs")
 
 
+def _named_with_drafter(model: str) -> bool:
+    """A model name whose registry entry brings its own drafter (e.g. smollm2-135m-instruct)."""
+    from ..models.registry import MODELS
+    return model in MODELS and MODELS[model].has_drafter()
+
+
 def plan_from_args(args):
     from ..benchmarking import BenchPlan
     methods = args.methods or ([args.method] if args.method else list(METHODS))
@@ -108,7 +114,7 @@ def plan_from_args(args):
     if bad:
         raise UserError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
     drafted = [m for m in methods if needs_drafter(m)]
-    if args.model is not None and args.draft is None and drafted:
+    if args.model is not None and args.draft is None and drafted and not _named_with_drafter(args.model):
         free = ",".join(m for m in METHODS if not needs_drafter(m))
         raise UserError(f"{'/'.join(drafted)} need a drafter: pass --draft DIR, or --methods {free}")
     budgets = args.budgets or ([args.budget] if args.budget is not None else DEFAULT_BUDGETS)
