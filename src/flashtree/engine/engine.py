@@ -184,7 +184,7 @@ class Engine:
         self.runner = ModelRunner(target, drafter, self.blocks, self.feature_layers, config.compile)
         self.scheduler = Scheduler(self.blocks, config.max_batch_size,
                                    config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                                   self._round_rows, lambda s: drafter is not None)
+                                   self._round_rows, match_drafted=drafter is not None)
         self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         self.proposers: dict[str, Proposer] = {
@@ -412,10 +412,12 @@ class Engine:
             if not costs.learn or costs.draft_s or not any(s.auto for s in self.running):
                 return
             self.seeder = CostSeeder(self, costs)
-        decoding = [s for s in self.running if s.decoding and not s.auto]
-        if self.seeder.done or (prefilling and decoding):
+        if self.seeder.done:
             return
-        self._timed("seed_costs", self.seeder.step, not decoding)
+        others_decoding = any(s.decoding and not s.auto for s in self.running)
+        if prefilling and others_decoding:
+            return
+        self._timed("seed_costs", self.seeder.step, not others_decoding)
 
     def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
         """fn(seqs), or, if that raises, fn([s]) for each s alone: a sequence that fails alone is
@@ -492,15 +494,20 @@ class Engine:
             s.length, s.decoding = s.prefilled, done[b]
             self.proposers[s.method].on_prefill(s, len(chunks[b]))
             self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
-        self._write_drafter_context([(s, s.length - len(c), s.length) for s, c in zip(seqs, chunks)
-                                     if self.drafts.cached_rows(s) is not None or self.blocks.prefix_caching]
-                                    if self.drafts is not None else [])
+        if self.drafts is not None:
+            self._write_drafter_context([(s, s.length - len(c), s.length) for s, c in zip(seqs, chunks)
+                                         if self._keeps_drafter_context(s)])
         for b, tok in zip(fresh, first.tolist() if first is not None else []):
             s = seqs[b]
             if not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             self._emit(s, [tok])
+
+    def _keeps_drafter_context(self, s: Sequence) -> bool:
+        """Whether s's rows go to the drafter cache as they are prefilled: a drafter sequence's
+        always (its first pass reads them), any other's for the prefix cache's sake."""
+        return self.drafts.cached_rows(s) is not None or self.blocks.prefix_caching
 
     def _write_drafter_context(self, spans: list[tuple[Sequence, int, int]]) -> None:
         """Write the drafter's context rows [lo, hi) of each (sequence, lo, hi) now, in one flat

@@ -12,7 +12,8 @@ A waiting request is admitted (FIFO, never skipped) when a slot is free and its 
 fit; the pages its prompt shares with cached ones (prefix caching) are adopted, not computed.
 
 It runs no model and knows no method; the engine tells it how many rows a sequence's round may
-write (`round_rows`) and whether its method reads the drafter's context (`needs_draft`).
+write (`round_rows`) and whether a prefix hit needs drafted pages (`match_drafted`: with a drafter,
+every request writes its drafter rows, so every request matches only pages that hold them).
 """
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def chunks(prefilling: list[Sequence], budget: int) -> list[Sequence]:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int,
-                 round_rows: Callable[[Sequence], int], needs_draft: Callable[[Sequence], bool]):
+                 round_rows: Callable[[Sequence], int], match_drafted: bool):
         self.blocks = blocks
         self.max_batch_size, self.max_num_batched_tokens = max_batch_size, max_num_batched_tokens
-        self.round_rows, self.needs_draft = round_rows, needs_draft
+        self.round_rows, self.match_drafted = round_rows, match_drafted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []   # in admission order
         self.preemptions = 0                # a counter
@@ -87,7 +88,7 @@ class Scheduler:
             return False
         ids = s.cache_ids
         slot = b.allocate()
-        pages, names = b.match(ids, self.needs_draft(s))
+        pages, names = b.match(ids, self.match_drafted)
         hit = b.adopt(slot, pages, names)
         if not b.reserve(slot, len(ids) + self.round_rows(s)):
             b.free(slot)

@@ -115,7 +115,8 @@ class NGram(Proposer):
         found = [(s, c) for s, c in zip(seqs, conts) if c]
         if not found:
             return [None] * len(seqs)
-        curves = [chain_curve(self._acceptance(s).rate(s.metrics.rounds), len(c)) for s, c in found]
+        curves = [chain_curve(self.accepted.get(s, Acceptance(at=s.metrics.rounds)).rate(s.metrics.rounds), len(c))
+                  for s, c in found]
         width = choose_tokens(curves, self.engine.adaptive.costs, len(seqs), 0.0, fixed=len(seqs) - len(found))
         return [c[:width - 1] or None for c in conts]
 
