@@ -113,3 +113,28 @@ def test_feature_store_holds_the_targets_features_and_resumes(tiny_pair, tmp_pat
     ids = torch.tensor([rows[5]["ids"]])
     want = target(ids, torch.arange(ids.shape[1])[None], feature_layers=[1])[1][0]
     torch.testing.assert_close(other.batch([5], len(rows[5]["ids"]))[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_held_out_walk_predicts_the_engines_rounds(trained):
+    """`chain_taus` walked as rounds (`walk`) is the τ sequence the engine's dflash rounds report on
+    the same greedy answer, round for round: teacher forcing sees what inference sees, so the
+    training curve's walked τ is the engine's τ, not an optimistic proxy."""
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.train.drafter import chain_taus, walk
+    target_dir, out, work = trained
+    rows = [json.loads(line) for line in (work / "regenerated.jsonl").open()][:8]
+    prompts = [r["ids"][:r["prompt_len"]] for r in rows]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(model=target_dir, method="ar", dtype="float32", device="cpu").generate(prompts, params)
+    spec = LLM(model=target_dir, draft=out, method="dflash", dtype="float32", device="cpu").generate(prompts, params)
+    target = load_target(target_dir, dtype="float32", device="cpu")
+    drafter = load_drafter(out, target)
+    compared = 0
+    for prompt, a, d in zip(prompts, plain, spec):
+        assert d.token_ids == a.token_ids
+        taus = chain_taus(drafter, target, {"ids": prompt + a.token_ids, "prompt_len": len(prompt)},
+                          drafter.config.block_size, drafter.config.mask_token_id)
+        rounds = walk(taus)
+        assert d.metrics.accept_lengths[:len(rounds)] == rounds
+        compared += len(rounds)
+    assert compared > 40 and max(t for o in spec for t in o.metrics.accept_lengths) > 1  # drafts were accepted

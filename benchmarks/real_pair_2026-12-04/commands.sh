@@ -27,3 +27,7 @@ for dt in float32 bfloat16; do
     --modes compiled --repeats 3 --calls 20 --out $OUT/forwards_$dt.json
 done
 uptime
+
+# τ gap, engine vs teacher forcing (issue 40; session 28; not a speed run, taken beside a build)
+python scripts/measure_tau_gap.py benchmarks/real_pair_2026-12-04/tau_gap.json --rows 12 \
+    --drafter training/smollm2-135m-instruct-drafter/drafter   # loads as bf16, like the bundled copy

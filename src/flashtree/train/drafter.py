@@ -196,37 +196,61 @@ def usable(rows: list[dict], block_size: int) -> list[dict]:
 
 
 @torch.no_grad()
-def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: int, mask_id: int,
-                stride: int = 4) -> float:
-    """Greedy DFlash τ on held-out greedy responses: at every `stride`-th response position, 1 +
-    the run of slots whose drafter argmax is the target's next token. On greedy data the label
-    is what the target's verify would choose, so this is the τ a chain round would commit there
-    (the drafter sees exactly the features an engine gives it)."""
-    taus = []
+def chain_taus(drafter: DFlashDrafter, target, row: dict, block_size: int, mask_id: int,
+               stride: int = 1, head: torch.Tensor | None = None) -> torch.Tensor:
+    """Teacher-forced greedy chain τ at every `stride`-th response position of `row` (the block
+    opened at position p: 1 + the run of slots whose drafter argmax is the token at p+k). On a
+    greedy response the label is what the target's verify chooses, so this is the τ a chain round
+    starting at p commits (the drafter sees the features an engine gives it). Returns [A] floats."""
+    ids = torch.tensor([row["ids"]])
+    T, B = ids.shape[1], block_size
+    anchors = torch.arange(row["prompt_len"] - 1, T - B, stride)[None]          # [1, A]
+    if anchors.numel() == 0:
+        return torch.zeros(0)
+    head = target.lm_head.weight.float() if head is None else head
+    _, feats = target(ids, torch.arange(T)[None], feature_layers=drafter.config.target_layer_ids)
+    block_pos = (anchors[:, :, None] + torch.arange(B)).flatten(1)              # [1, A*B]
+    block_ids = torch.full_like(block_pos, mask_id)
+    block_ids[:, ::B] = ids.gather(1, anchors)
+    labels = ids.gather(1, block_pos)
+    ctx_vis = torch.arange(T)[None, None, :] < anchors.repeat_interleave(B, 1)[:, :, None]
+    blk = torch.arange(anchors.shape[1]).repeat_interleave(B)
+    mask = torch.cat([ctx_vis, (blk[:, None] == blk[None, :])[None]], dim=-1)[:, None]
+    dt = next(drafter.parameters()).dtype                                     # training: float32
+    embeds = target.model.embed_tokens(block_ids).to(dt)
+    hidden = drafter(embeds, block_pos, feats.to(dt), torch.arange(T)[None], mask=mask)
+    hit = (F.linear(hidden.float(), head).argmax(-1) == labels).view(-1, B)[:, 1:]   # [A, B-1]
+    return 1 + hit.int().cumprod(1).sum(1).float()
+
+
+def walk(taus: torch.Tensor) -> list[int]:
+    """The τ of each chain round an engine runs over a response whose per-position τ (`chain_taus`,
+    taus[i] at position prompt_len - 1 + i) is known: the prefill commits the first answer token, so
+    the first round opens at index 1; a round at i commits taus[i] tokens and the next opens at
+    i + taus[i]. Rounds spend more of themselves where acceptance is short, so their mean is below
+    the positional mean, which weights every position the same."""
+    i, rounds = 1, []
+    while i < len(taus):
+        rounds.append(int(taus[i]))
+        i += rounds[-1]
+    return rounds
+
+
+@torch.no_grad()
+def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: int, mask_id: int) -> dict:
+    """Greedy DFlash τ on held-out greedy responses (`chain_taus` at every position): "heldout_tau"
+    averages the positions (the curve's first metric), "heldout_walked_tau" walks them as rounds
+    (`walk`: the τ an engine reports, lower)."""
     was_training = drafter.training
     drafter.eval()
     head = target.lm_head.weight.float()  # once, not per row (a bf16 target's head widened)
-    for r in rows:
-        ids = torch.tensor([r["ids"]])
-        T, B = ids.shape[1], block_size
-        anchors = torch.arange(r["prompt_len"] - 1, T - B, stride)[None]        # [1, A]
-        if anchors.numel() == 0:
-            continue
-        _, feats = target(ids, torch.arange(T)[None], feature_layers=drafter.config.target_layer_ids)
-        block_pos = (anchors[:, :, None] + torch.arange(B)).flatten(1)          # [1, A*B]
-        block_ids = torch.full_like(block_pos, mask_id)
-        block_ids[:, ::B] = ids.gather(1, anchors)
-        labels = ids.gather(1, block_pos)
-        ctx_vis = torch.arange(T)[None, None, :] < anchors.repeat_interleave(B, 1)[:, :, None]
-        blk = torch.arange(anchors.shape[1]).repeat_interleave(B)
-        mask = torch.cat([ctx_vis, (blk[:, None] == blk[None, :])[None]], dim=-1)[:, None]
-        embeds = target.model.embed_tokens(block_ids).float()
-        hidden = drafter(embeds, block_pos, feats.float(), torch.arange(T)[None], mask=mask)
-        hit = (F.linear(hidden, head).argmax(-1) == labels).view(-1, B)[:, 1:]   # [A, B-1]
-        taus.append(1 + hit.int().cumprod(1).sum(1).float())
+    taus = [chain_taus(drafter, target, r, block_size, mask_id, 1, head) for r in rows]
     if was_training:
         drafter.train()
-    return torch.cat(taus).mean().item() if taus else float("nan")
+    rounds = [t for r in taus for t in walk(r)]
+    if not rounds:
+        return {}
+    return {"heldout_tau": torch.cat(taus).mean().item(), "heldout_walked_tau": sum(rounds) / len(rounds)}
 
 
 @torch.no_grad()
@@ -374,7 +398,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             state.save()
             save_module(drafter, cfg_dict, out)  # a usable drafter at every checkpoint
         if state.step % 20 == 0 or checkpoint:
-            tau = {"heldout_tau": heldout_tau(drafter, target, heldout, B, mask_id)} if checkpoint and heldout else {}
+            tau = heldout_tau(drafter, target, heldout, B, mask_id) if checkpoint and heldout else {}
             state.log(loss=loss.item(), slot1_acc=acc, **tau)
         if max_minutes and state.minutes_this_run() > max_minutes:
             break
