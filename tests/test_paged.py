@@ -141,6 +141,58 @@ def test_chunked_prefill_interleaves_with_running_rounds_and_changes_no_token(mo
     assert short_tokens >= steps_prefilling  # ... and the running streams advanced in each of them
 
 
+def test_paced_chunks_cost_at_most_the_stall_and_shrink_as_the_context_grows():
+    """Beside decoding streams a step's chunks may cost `stall` rounds by the learned time per unit of
+    work; a row late in a prompt attends more keys, so the same allowance buys fewer rows there."""
+    from flashtree.engine.prefill_pacing import MIN_ROWS, PrefillPacer, prefill_work
+    from flashtree.engine.scheduler import chunks
+    from types import SimpleNamespace
+    pacer = PrefillPacer(break_even=500.0, stall=3.0, unit_s=1e-4, round_s=2e-3)  # allowance 6 ms = 60 units
+    assert pacer.fits(decoding=False) is None and PrefillPacer(500.0, 3.0).fits(decoding=True) is None
+    seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=0)  # what `chunks` reads of a Sequence
+    sizes = []
+    for start in (0, 400, 1000):
+        seq.prefilled = start
+        [chosen] = chunks([seq], 256, pacer.fits(decoding=True))
+        work = prefill_work([start], chosen.chunk, 500.0)
+        assert 1e-4 * work <= 6e-3 < 1e-4 * prefill_work([start], chosen.chunk + 1, 500.0)  # the largest that fits
+        sizes.append(chosen.chunk)
+    assert sizes[0] > sizes[1] > sizes[2] >= 1 and sizes[0] < 256, sizes
+    seq.prefilled = 4000  # nothing fits: still MIN_ROWS rows (every prompt progresses)
+    assert chunks([seq], 256, pacer.fits(decoding=True))[0].chunk == MIN_ROWS
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_a_long_prompt_beside_streams_is_paced_and_changes_no_token(models, method):
+    """4 streams decode; a 400-token prompt arrives. Its chunks while they decode are paced below the
+    row budget (the default `prefill_stall`), the streams advance in every step it prefills, and
+    every output equals the unpaced engine's."""
+    rng = random.Random(3)
+    short = [[rng.randrange(95) for _ in range(5)] for _ in range(4)]
+    long = [rng.randrange(95) for _ in range(400)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+
+    def run(**kw):
+        eng = engine(models, method=method, max_model_len=480, enable_prefix_caching=False, **kw)
+        seqs = [eng.add_request(p, params) for p in short]
+        eng.step()
+        eng.step()  # the streams decode, their rounds timed
+        seqs.append(eng.add_request(long, params))
+        chunk_sizes = []
+        while eng.has_work():
+            before = seqs[-1].prefilled
+            eng.step()
+            if seqs[-1].prefilled > before:
+                chunk_sizes.append(seqs[-1].prefilled - before)
+        return [s.output_ids for s in seqs], chunk_sizes
+
+    ref, unpaced = run(prefill_stall=None)
+    out, paced = run()
+    assert out == ref
+    assert unpaced == [256, 144]
+    assert len(paced) > 2 and max(paced) < 256, paced
+
+
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
 def test_preemption_when_pages_run_out_recomputes_and_changes_no_token(models, method):
     rng = random.Random(2)
@@ -166,6 +218,8 @@ def test_memory_follows_kv_cache_tokens_not_slots_times_context(models):
     (dict(page_size=0), "page_size must be an integer in [1, 1024]"),
     (dict(kv_cache_tokens=0), "kv_cache_tokens must be a positive integer"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be a positive integer"),
+    (dict(prefill_stall=0), "prefill_stall must be a number > 0"),
+    (dict(prefill_stall="3"), "prefill_stall must be a number > 0"),
 ])
 def test_out_of_range_cache_options_are_refused_at_start(models, kw, msg):
     with pytest.raises(UserError) as e:

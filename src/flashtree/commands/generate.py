@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..engine.engine import DEFAULT_PREFILL_STALL
 from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
 
@@ -51,6 +52,13 @@ def add_model_arguments(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="prompt rows prefilled per step (the chunks padded to the longest); longer prompts are "
                         "prefilled in chunks between the running requests' rounds (default 256)")
+    p.add_argument("--prefill-stall", type=prefill_stall, default=DEFAULT_PREFILL_STALL,
+                   help="while requests decode, a step's prompt chunks take at most this many of their rounds "
+                        f"(learned times; default {DEFAULT_PREFILL_STALL:g}); 'off': the row budget only")
+
+
+def prefill_stall(value: str) -> float | None:
+    return None if value == "off" else float(value)
 
 
 def add_sampling_arguments(p) -> None:
@@ -91,7 +99,7 @@ def load_llm(args, **kw):
                compile="auto" if getattr(args, "compile", None) is None else args.compile,
                kv_cache_tokens=args.kv_cache_tokens, page_size=args.page_size,
                enable_prefix_caching=args.enable_prefix_caching, max_num_batched_tokens=args.max_num_batched_tokens,
-               tensor_parallel_size=args.tensor_parallel_size, **kw)
+               prefill_stall=args.prefill_stall, tensor_parallel_size=args.tensor_parallel_size, **kw)
 
 
 def check_topk(args) -> None:

@@ -32,6 +32,7 @@ from .block_manager import BlockManager
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
 from .round import VerifyInput, pack_trees
+from .prefill_pacing import PrefillPacer, break_even_context
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -43,7 +44,8 @@ DEFAULT_BUDGET = AUTO  # ddtree and hybrid: a seeded sampled run still repeats e
                        # (each output position has its own uniform: sampling.Uniforms)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
 MAX_PAGE_SIZE = 1024
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt rows prefilled per step (padding included): a chunk costs ~3x a round on CPU (benchmarks/paged)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt rows prefilled per step (padding included)
+DEFAULT_PREFILL_STALL = 2.0  # a stream's longest gap: its round + a paced prefill, ~3-4x its median
 
 
 @dataclass(slots=True)
@@ -66,6 +68,8 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # KV capacity in tokens; None = max_batch_size full-length sequences
     enable_prefix_caching: bool = True  # reuse cached pages of equal prompt prefixes
     max_num_batched_tokens: int | None = None  # prompt rows prefilled per step (padding included); None = DEFAULT_...
+    prefill_stall: float | None = DEFAULT_PREFILL_STALL  # while others decode, a step's prefill takes at most
+                                     # this many of their rounds (prefill_pacing.py); None = the row budget only
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -85,6 +89,11 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and not _int_in(self.max_num_batched_tokens, 1):
             raise UserError(f"max_num_batched_tokens must be a positive integer (or None: "
                             f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}), got {self.max_num_batched_tokens!r}")
+        if self.prefill_stall is not None and (isinstance(self.prefill_stall, bool) or
+                                               not isinstance(self.prefill_stall, (int, float)) or
+                                               not self.prefill_stall > 0):
+            raise UserError(f"prefill_stall must be a number > 0 (a prefill beside decoding streams takes at most "
+                            f"that many of their rounds) or None (no pacing), got {self.prefill_stall!r}")
 
 
 def kv_cache_plan(config: EngineConfig, max_model_len: int, drafter_block_size: int) -> tuple[int, int]:
@@ -185,6 +194,9 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, config.max_batch_size,
                                    config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
                                    self._round_rows, match_drafted=drafter is not None)
+        self.pacer = PrefillPacer(break_even_context(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
+                                                     tc.num_key_value_heads, tc.head_dim),
+                                  config.prefill_stall) if config.prefill_stall is not None else None
         self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         self.proposers: dict[str, Proposer] = {
@@ -339,13 +351,16 @@ class Engine:
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         t0 = time.perf_counter()
         self.round_times = {}
-        plan = self.scheduler.schedule()
+        decoding = any(s.decoding and not s.finished for s in self.running)
+        plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
         for s in plan.preempted:  # recomputed from its tokens when readmitted
             self.proposers[s.method].release(s)
             self.adaptive.release(s)
         self._seed_costs(prefilling=bool(plan.prefills))
         if plan.prefills:
             self._timed("prefill", self._isolated, self._prefill, plan.prefills)
+            if self.pacer is not None:
+                self.pacer.observe_prefill(plan.prefills, self.round_times["prefill"])
         batch = [s for s in self.running if s.decoding and not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
@@ -355,6 +370,8 @@ class Engine:
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
                 out = parts[0][1]
                 spent = time.perf_counter() - t0 - sum(self.round_times.get(k, 0.0) for k in ("seed_costs", "prefill"))
+                if self.pacer is not None and not plan.prefills:  # a stream's undisturbed round
+                    self.pacer.observe_round(spent)
                 self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.passed, self.round_times, spent,
                                             out.caught_up)
             if self.round_log is not None:

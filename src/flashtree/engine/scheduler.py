@@ -6,8 +6,9 @@ write (its length plus its largest tree); when they do not fit, the most recentl
 sequence is preempted — its pages are let go (named ones stay in the prefix cache) and it goes
 back to the front of the queue, to be recomputed from its prompt and the tokens it already has.
 Then prompts are prefilled, oldest first, at most `max_num_batched_tokens` rows a step, padding
-included (see `chunks`): a longer prompt is prefilled over several steps, interleaved with the
-running sequences' rounds.
+included (see `chunks`), and, while other sequences decode, only as many as the engine's pacing
+test lets through (`prefill_pacing.py`: a chunk may cost a few of their rounds): a longer prompt
+is prefilled over several steps, interleaved with the running sequences' rounds.
 A waiting request is admitted (FIFO, never skipped) when a slot is free and its prompt's pages
 fit; the pages its prompt shares with cached ones (prefix caching) are adopted, not computed.
 
@@ -36,22 +37,35 @@ def _rest(s: Sequence) -> int:
     return len(s.cache_ids) - s.prefilled
 
 
-def chunks(prefilling: list[Sequence], budget: int) -> list[Sequence]:
+def chunks(prefilling: list[Sequence], budget: int,
+           fits: Callable[[list[Sequence], int], bool] | None = None) -> list[Sequence]:
     """This step's prefills, oldest first, each with its `chunk` set: the first k sequences, k and
-    the chunk length T chosen for the most prompt tokens with k x T <= budget (each gets
-    min(its rest, T)). A prefill forward computes k x T rows — its chunks padded to the longest —
-    so the budget counts those: filling the budget with whatever came next (a 56-token tail
-    beside a 200-token chunk) had 32 % of the rows padding in a C=8 run of the held-out prompts."""
+    the chunk length T chosen for the most prompt tokens with k x T <= budget and fits(first k, T)
+    (each gets min(its rest, T)). A prefill forward computes k x T rows — its chunks padded to the
+    longest — so the budget counts those: filling the budget with whatever came next (a 56-token
+    tail beside a 200-token chunk) had 32 % of the rows padding in a C=8 run of the held-out prompts.
+    `fits` (None: any) is monotone in T; T = 1 is always allowed, so every prompt progresses."""
     best, best_k, best_t, longest = 0, 0, 0, 0
     for k, s in enumerate(prefilling[:budget], 1):
         longest = max(longest, _rest(s))
         t = min(longest, budget // k)
+        if fits is not None:
+            t = _largest_fitting(prefilling[:k], t, fits)
         tokens = sum(min(_rest(c), t) for c in prefilling[:k])
         if tokens > best:
             best, best_k, best_t = tokens, k, t
     for s in prefilling[:best_k]:
         s.chunk = min(_rest(s), best_t)
     return prefilling[:best_k]
+
+
+def _largest_fitting(seqs: list[Sequence], t: int, fits: Callable[[list[Sequence], int], bool]) -> int:
+    """The largest T in [1, t] with fits(seqs, T) (1 when none does)."""
+    lo, hi = 1, t
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(seqs, mid) else (lo, mid - 1)
+    return lo
 
 
 class Scheduler:
@@ -65,7 +79,8 @@ class Scheduler:
         self.preemptions = 0                # a counter
         self.prefix_hit_tokens = 0          # prompt tokens not computed thanks to the prefix cache (a counter)
 
-    def schedule(self) -> Schedule:
+    def schedule(self, fits: Callable[[list[Sequence], int], bool] | None = None) -> Schedule:
+        """fits: the pacing test of this step's prefill chunks (see `chunks`; None: the row budget only)."""
         out = Schedule()
         for s in list(self.running):
             if s in self.running and s.decoding and not s.finished:  # pages for its round (or preempted)
@@ -77,7 +92,7 @@ class Scheduler:
             self.running.append(s)
             prefilling.append(s)
             left -= _rest(s)
-        out.prefills = chunks(prefilling, self.max_num_batched_tokens)
+        out.prefills = chunks(prefilling, self.max_num_batched_tokens, fits)
         return out
 
     def _admit(self, s: Sequence) -> bool:
