@@ -124,12 +124,12 @@ def test_server_logs_the_line_at_the_interval_with_the_workloads_accept_len(tiny
     draft = make_drafter(tiny_pair[1].parent / "draft4", tiny_pair[0], block_size=4)
     llm = LLM(model=tiny_pair[0], draft=draft, method="ddtree", budget=3, topk=1, dtype="float64", device="cpu")
     target_drafts(llm.target)(llm.engine)
-    step = llm.engine.step
+    verify = llm.engine.verifier
 
-    def slow_step():  # a few rounds per interval, on any machine
+    def slow_verifier(*round_):  # a few rounds per interval, on any machine
         time.sleep(0.02)
-        return step()
-    llm.engine.step = slow_step
+        return verify(*round_)
+    llm.engine.verifier = slow_verifier
     interval = 0.4
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -141,7 +141,7 @@ def test_env_kv_capacity_is_what_llm_allocates(pair, capsys, argv, kw):
     llm = LLM(model=target, draft=draft, compile=False, **kw)
     blocks, runner = llm.engine.blocks, llm.engine.runner
     assert kv["error"] is None and kv["kv_cache_tokens"] == blocks.capacity_tokens
-    assert (kv["page_size"], kv["pages"]) == (blocks.page_size, blocks.num_pages - 1)
+    assert (kv["page_size"], kv["pages"]) == (blocks.page_size, blocks.pages_total)
     assert kv["mib"] == round((runner.cache.nbytes + runner.draft_cache.nbytes + runner.features.nbytes) / 2**20, 1)
 
 

@@ -23,7 +23,7 @@ from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import EngineFailure, RequestError
 from flashtree.server.app import create_app
 from flashtree.server.limits import ServerLimits
-from flashtree.speculative.verify import verify_tree
+from flashtree.engine.round import verify_round
 from flashtree.tokenizer import Tokenizer
 from helpers import make_drafter, make_hf_target, write_tokenizer
 from serving import Running, free_port, metric, server_up, wait_for
@@ -153,11 +153,11 @@ def test_3_smallest_temperature_is_greedy_and_zero_mass_never_samples(pair):
 # -------------------------------------------------------------------- failure isolation
 def poison_verify(bad_token: int):
     """A verifier that fails every forward whose trees hold `bad_token` at the root (one request)."""
-    def verify(tokens, *rest):
-        if (tokens[:, 0] == bad_token).any():
+    def verifier(batch, vin, logits, draw):
+        if (vin.tokens[:, 0] == bad_token).any():
             raise RuntimeError("injected failure")
-        return verify_tree(tokens, *rest)
-    return verify
+        return verify_round(batch, vin, logits, draw)
+    return verifier
 
 
 def test_a_failing_sequence_fails_alone(pair):
@@ -168,13 +168,13 @@ def test_a_failing_sequence_fails_alone(pair):
     # pick a token only the third prompt's output produces; a verifier that chokes on it
     others = {t for i, o in enumerate(ref) if i != 2 for t in o.token_ids}
     bad = next(t for t in ref[2].token_ids[:-1] if t not in others)
-    llm.engine.verify_fn = poison_verify(bad)
+    llm.engine.verifier = poison_verify(bad)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert outs[2].finish_reason == "error"
     for i in (0, 1, 3):
         assert (outs[i].text, outs[i].finish_reason) == (ref[i].text, "length")
     assert llm.engine.blocks.free_slots == llm.engine.blocks.num_slots
-    llm.engine.verify_fn = verify_tree
+    llm.engine.verifier = verify_round
     assert [o.text for o in llm.generate(prompts, params, use_tqdm=False)] == [o.text for o in ref]
 
 
@@ -183,7 +183,7 @@ def test_a_broken_engine_stops_and_health_says_so(pair):
 
     def broken(*a):
         raise RuntimeError("the device is gone")
-    llm.engine.verify_fn = broken
+    llm.engine.verifier = broken
     fatal = threading.Event()
     r = Running(create_app(llm, model_name="tiny", on_fatal=fatal.set))
     try:
@@ -201,7 +201,7 @@ def test_a_broken_engine_stops_and_health_says_so(pair):
     finally:
         r.stop()
     with pytest.raises(EngineFailure):  # the Python API raises it too
-        llm.engine.verify_fn = broken
+        llm.engine.verifier = broken
         llm.generate(["t1"] * 10, SamplingParams(max_tokens=3), use_tqdm=False)
 
 
@@ -215,7 +215,7 @@ def test_a_submission_racing_the_engine_death_is_refused_not_orphaned(pair):
 
     def broken(*a):
         raise RuntimeError("the device is gone")
-    llm.engine.verify_fn = broken
+    llm.engine.verifier = broken
     aeng = AsyncEngine(llm, ServerMetrics(), on_fatal=lambda: None, log_interval_s=None)
     aeng.start()
 
@@ -517,7 +517,7 @@ from flashtree.commands.serve import run
 llm = LLM(model={pair[0]!r}, draft={pair[1]!r}, method="ar", max_batch_size=2)
 def broken(*a):
     raise RuntimeError("the device is gone")
-llm.engine.verify_fn = broken  # the engine's verify seam: every round now fails
+llm.engine.verifier = broken  # the engine's verify seam: every round now fails
 args = build_parser()[0].parse_args(["serve", "--port", "{port}", "--method", "ar", "--log-level", "warning"])
 sys.exit(run(args, llm=llm))
 """)

@@ -66,7 +66,9 @@ def test_pending_context_written_flat_drafts_as_padded_does(models):
     ref, _ = run(models, "ar", ps=ps)
     runs = {}
     for waste in (0, 10**9):  # flat whenever any row would be padding / never
-        eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=8, max_batch_size=4, max_model_len=128))
+        # prefill unpaced: the paced chunk sizes follow measured times, and the passes must pair up
+        eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=8, max_batch_size=4, max_model_len=128,
+                                                   prefill_stall=None))
         eng.drafts.flat_context_waste = waste
         drafts = []
         eng.drafts.source = lambda seqs: drafts.append(eng.drafts.run(seqs)) or drafts[-1]  # (the drafts seam)

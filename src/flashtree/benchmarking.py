@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from .engine.round import PHASES
 from .engine.sequence import tau_histogram
 from .errors import UserError
 from .sampling_params import SamplingParams
@@ -282,7 +283,7 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     from .speculative.tree import chain_tree
 
     eng = llm.engine
-    block_size = eng.default_block_size
+    block_size = eng.limits.default_block_size
     sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} - {None} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
     stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
@@ -361,7 +362,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
     """Measure every (temperature, concurrency, config) cell and the peers' configurations (at
     the lowest concurrency, after our slices of each repeat, every prompt); return the report."""
     tick = progress.update if progress is not None else (lambda n=1: None)
-    block_size = llm.engine.default_block_size
+    block_size = llm.engine.limits.default_block_size
     loaded_compiled = llm.engine.runner.compiled  # the mode of configs without one
     context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
     cells, peer_rows, chi_square = [], [], {}
@@ -429,7 +430,7 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
     """T>0: `exactness.check_cell` for this config at these sampling parameters — the engine's samples
     on the tiny V=8 pair (drafts = the target's own greedy chain, so deep paths are verified) against
     its exactly enumerated distribution; pass = chi-square p > 1e-3, TV within sampling noise, mean
-    tau > 1. `ar` is the reference. `patch(engine)` runs after the cap is set (tests: a wrong verifier)."""
+    tau > 1. `ar` is the reference. `patch(engine)` runs on the cell's engine (tests: a wrong verifier)."""
     if cfg.method == "ar":
         return {"check": "reference", "passed": True}
     from .exactness import Cell, check_cell
@@ -437,14 +438,9 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
     V = pair[0].config.vocab_size
     cell_params = SamplingParams(temperature=params.temperature, top_p=params.top_p, min_p=params.min_p,
                                  top_k=params.top_k if params.top_k < V else 0)  # top_k >= V filters nothing
-
-    def cap(engine):
-        engine.default_topk = cfg.topk  # the engine-wide cap, as LLM(topk=...) sets it
-        if patch is not None:
-            patch(engine)
     drafts = "target" if needs_drafter(cfg.method) else "model"  # ngram: its own drafts from the context
-    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts=drafts, compile=compiled),
-                      patch=cap)
+    cell = check_cell(*pair, [1, 2, 3], Cell(cfg.method, cfg.budget, cell_params, n, drafts=drafts, compile=compiled,
+                                             topk=cfg.topk), patch=patch)
     return {"check": "chi-square cell", "passed": cell.passed, "p_value": cell.p_value, "tv": cell.tv,
             "tv_limit": cell.tv_limit, "samples": n, "categories": cell.categories,
             "mean_accept_length": cell.notes["mean_accept_length"], "n_tokens": cell.notes["n_tokens"],
@@ -665,7 +661,6 @@ def peers_note(report: dict) -> str:
     return " ".join(parts) or "No peers."
 
 
-PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
 
 
 def phase_table(report: dict) -> str:

@@ -28,6 +28,7 @@ from .models.target import TargetModel
 from .sampling import logits_to_probs
 from .sampling_params import SamplingParams
 from .speculative.adaptive import CostTable
+from .engine.round import verify_round
 from .speculative.verify import verify_tree
 
 
@@ -72,8 +73,8 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
 
 def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | str | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
-                     patch=None, compile: bool = False, page_size: int = 16, stats: dict | None = None
-                     ) -> tuple[Counter, float]:
+                     patch=None, compile: bool = False, page_size: int = 16, stats: dict | None = None,
+                     topk: int | None = None) -> tuple[Counter, float]:
     """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau.
     stats, if given, receives the engine's prefix-cache hit tokens (a small page_size makes the
     prompt's first pages shared by every later run)."""
@@ -83,7 +84,7 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
                                                max_model_len=len(prompt) + max_tokens + 1,
                                                max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
                                                max_queue=n_samples, page_size=page_size,
-                                               compile=compile))
+                                               compile=compile, topk=topk))
     if method == "ngram":  # its chains follow measured costs; a cell verifies them whole (flat, pinned costs)
         eng.adaptive.costs = flat_costs()
     if patch is not None:
@@ -205,6 +206,7 @@ class Cell:
     drafts: str = "model"  # "model": the pair's drafter; "target": target_drafts (often accepted)
     compile: bool = False  # the engine's model runner compiled (torch.compile) or eager
     page_size: int = 16    # KV cache page size (small: the prompt's pages are shared via the prefix cache)
+    topk: int | None = None  # the engine-wide ddtree branching cap (LLM(topk=...))
     p_value: float = 0.0
     tv: float = 0.0
     tv_limit: float = 0.0
@@ -242,7 +244,7 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
         raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
     counts, mean_tau = sample_sequences(target, drafter, prompt, cell.params, cell.method, cell.budget,
                                         cell.n, n_tokens, seed=seed, patch=patch, compile=cell.compile,
-                                        page_size=cell.page_size, stats=cell.notes)
+                                        page_size=cell.page_size, stats=cell.notes, topk=cell.topk)
     cell.notes["mean_accept_length"] = mean_tau
     cell.p_value = chi_square_pooled(counts, exact, cell.n)
     cell.tv = total_variation(counts, exact, cell.n)
@@ -318,19 +320,18 @@ def wrong_temperature(engine: Engine, factor: float = 1.1) -> None:
     T=1, top_k=5, 20,000 samples of 4 tokens: x1.1 moves TV by 0.06 and is caught with a chi-square
     noncentrality of ~450; the check's power limit is near x1.04 (x1.05 is caught ~98 % of the
     time, x1.03 ~20 %) — a subtle error, not only a gross one, fails it."""
-    original = engine._verify
-    engine._verify = lambda batch, vin, logits: original(batch, vin, logits / factor)
+    engine.verifier = lambda batch, vin, logits, draw: verify_round(batch, vin, logits / factor, draw)
 
 
 def greedy_walk_sampled_bonus(engine: Engine) -> None:
     """Walk the tree with argmax draws but sample the bonus: lossy at T > 0."""
-    def _verify(batch, vin, logits):
-        sampled = engine._draws(batch, vin, logits)                             # [B, T] on the host
+    def verifier(batch, vin, logits, draw):
+        sampled = draw(batch, vin, logits)                                      # [B, T] on the host
         greedy = vin.scatter(logits.argmax(-1))
         out = verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, greedy, vin.vis)
         out.bonus = sampled[np.arange(len(batch)), out.last]
         return out
-    engine._verify = _verify
+    engine.verifier = verifier
 
 
 NEGATIVE_CONTROLS = {"temperature_x1.1": wrong_temperature, "greedy_walk_sampled_bonus": greedy_walk_sampled_bonus}

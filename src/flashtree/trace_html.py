@@ -13,11 +13,11 @@ import json
 import math
 from dataclasses import dataclass
 
+from .engine.round import PHASES
 from .engine.sequence import tau_histogram
 from .speculative.proposer import METHODS, proposer_class
 
 COL_W, ROW_H, NODE_W, NODE_H, PAD = 118, 34, 104, 26, 10
-PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}

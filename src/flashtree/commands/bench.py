@@ -198,7 +198,7 @@ def run(args) -> int:
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": portable_command(sys.argv[1:]),
         "model": bm.portable_path(llm.model_path),
         "draft": bm.portable_path(llm.draft_path) if llm.draft_path else None,
-        "block_size": llm.engine.default_block_size, "device": str(llm.engine.device),
+        "block_size": llm.engine.limits.default_block_size, "device": str(llm.engine.device),
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "prompts": bm.portable_path(args.prompts or PROMPTS_FILE),
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],

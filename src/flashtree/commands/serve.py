@@ -94,7 +94,7 @@ def run(args, llm=None) -> int:
                             timeout_graceful_shutdown=limits.shutdown_timeout_s + 5, log_config=log_config)
     server = Server(config, app.state.server)
     eng = llm.engine
-    shape = f", budget {eng.default_budget}, topk {eng.default_topk or 'no cap'}" \
+    shape = f", budget {eng.limits.default_budget}, topk {eng.limits.default_topk or 'no cap'}" \
         if "budget" in proposer_class(args.method).options else ""
     log.info("serving '%s' (%s%s) on http://%s:%d; decode-batch line every %s", name, args.method, shape,
              args.host, args.port, f"{args.log_interval:g} s" if args.log_interval else "- (off)")

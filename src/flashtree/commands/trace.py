@@ -29,8 +29,8 @@ def run(args) -> int:
     out = llm.generate([prompt], params, use_tqdm=False)[0]
     rounds, llm.engine.round_log = llm.engine.round_log, None
     meta = TraceMeta(prompt=prompt, output=out.text, method=args.method,
-                     budget=llm.engine.default_budget, topk=llm.engine.default_topk,
-                     block_size=llm.engine.default_block_size,
+                     budget=llm.engine.limits.default_budget, topk=llm.engine.limits.default_topk,
+                     block_size=llm.engine.limits.default_block_size,
                      temperature=params.temperature, model=str(llm.model_path),
                      draft=str(llm.draft_path) if llm.draft_path else None,
                      elapsed_s=out.metrics.elapsed_s, completion_tokens=out.metrics.completion_tokens)

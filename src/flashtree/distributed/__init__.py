@@ -1,1 +1,2 @@
-"""Tensor parallelism across processes: rank launch and the per-forward broadcast (tp.py)."""
+"""Tensor parallelism across processes: rank launch, the group and the worker loop (tp.py); the
+per-forward broadcast's op codes and packing (wire.py)."""

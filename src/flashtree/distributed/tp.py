@@ -2,9 +2,11 @@
 
 Rank 0 owns everything a request touches — the scheduler, the block manager, trees, sampling,
 the server. Before each target forward (and each KV move) its model runner broadcasts the
-forward's inputs (`Channel.send`); every other rank runs `serve_worker`: it receives them, runs
-the same forward on its shard of the target (the layers all-reduce inside it) and writes its
-share of the KV cache at the same physical rows. Other ranks never open a port and never see a
+forward's inputs on the channel `Ranks.join` hands it (`wire.py`: the op codes and their
+packing); every other rank runs `serve_worker`: it receives them, runs the same forward on its
+shard of the target (the layers all-reduce inside it) and writes its share of the KV cache at the
+same physical rows. A rank > 0 has no block manager: it allocates the page layout rank 0 sends
+first and writes wherever rank 0's rows say. Other ranks never open a port and never see a
 token's text.
 
 Launch: `LLM(tensor_parallel_size=N)` spawns ranks 1..N-1 on this machine (`spawn_workers`);
@@ -21,7 +23,6 @@ other ranks and leaves the group.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -32,13 +33,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from .wire import INIT, MOVE, PING, STOP, TARGET, Channel
 
 log = logging.getLogger("flashtree.distributed")
-
-INIT, TARGET, MOVE, STOP, PING = 1, 2, 3, 4, 5
-_DTYPES = [torch.int64, torch.bool, torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32]
-HEADER = 64  # int64 slots: op, n tensors, then (dtype code, ndim, 3 dims) per tensor, then op ints
-MAX_TENSORS = 10
 
 
 def backend_for(device: torch.device) -> str:
@@ -70,62 +67,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Channel:
-    """Rank 0 -> all: one op, a few ints and up to MAX_TENSORS tensors (each <= 3-D). One header
-    broadcast, then one flat buffer per wire dtype (int64 for integers, uint8 for bools): three
-    collectives for a target forward whatever its tensors."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def send(self, op: int, ints: tuple[int, ...] = (), tensors: tuple[torch.Tensor, ...] = ()) -> None:
-        head = torch.zeros(HEADER, dtype=torch.int64)
-        head[0], head[1] = op, len(tensors)
-        for i, t in enumerate(tensors):
-            head[2 + 5 * i: 4 + 5 * i] = torch.tensor([_DTYPES.index(t.dtype), t.dim()])
-            head[4 + 5 * i: 4 + 5 * i + t.dim()] = torch.tensor(t.shape)
-        base = 2 + 5 * MAX_TENSORS
-        head[base: base + len(ints)] = torch.tensor(ints, dtype=torch.int64)
-        dist.broadcast(head.to(self.device), 0)
-        for wire, group in _groups([t.dtype for t in tensors]).items():
-            flat = torch.cat([tensors[i].to(self.device, wire).flatten() for i in group])
-            dist.broadcast(flat, 0)
-
-    def recv(self) -> tuple[int, list[int], list[torch.Tensor]]:
-        head = torch.zeros(HEADER, dtype=torch.int64, device=self.device)
-        dist.broadcast(head, 0)
-        head = head.cpu()
-        op, n = int(head[0]), int(head[1])
-        dtypes, shapes = [], []
-        for i in range(n):
-            dtypes.append(_DTYPES[int(head[2 + 5 * i])])
-            shapes.append(head[4 + 5 * i: 4 + 5 * i + int(head[3 + 5 * i])].tolist())
-        out: list[torch.Tensor | None] = [None] * n
-        for wire, group in _groups(dtypes).items():
-            sizes = [math.prod(shapes[i]) for i in group]
-            flat = torch.empty(sum(sizes), dtype=wire, device=self.device)
-            dist.broadcast(flat, 0)
-            for i, part in zip(group, flat.split(sizes)):
-                out[i] = part.view(shapes[i]).to(dtypes[i])
-        base = 2 + 5 * MAX_TENSORS
-        return op, head[base:].tolist(), out
-
-
-def _groups(dtypes: list[torch.dtype]) -> dict[torch.dtype, list[int]]:
-    """Tensor indices by the dtype they travel as: bools as uint8, other integers as int64,
-    floats as themselves."""
-    out: dict[torch.dtype, list[int]] = {}
-    for i, d in enumerate(dtypes):
-        wire = torch.uint8 if d == torch.bool else (d if d.is_floating_point else torch.int64)
-        out.setdefault(wire, []).append(i)
-    return out
-
-
 def serve_worker(rank: int, world: int, model: str, dtype: str, device: str, init_method: str | None = None,
                  timeout_s: float = 60.0) -> None:
     """A rank > 0: load this rank's shard, then run every forward rank 0 sends until it says stop
     (or goes away)."""
-    from ..engine.block_manager import BlockManager
     from ..engine.model_runner import ModelRunner
     from ..models.loader import load_target, resolve_device
     from ..models.parallel import TPGroup
@@ -137,17 +82,17 @@ def serve_worker(rank: int, world: int, model: str, dtype: str, device: str, ini
     if op != INIT:
         raise RuntimeError(f"rank {rank}: expected the cache layout first, got op {op}")
     num_pages, page_size = ints[0], ints[1]
-    blocks = BlockManager(num_pages, page_size, 1, 2)  # the layout only: rank 0 decides every page
-    runner = ModelRunner(target, None, blocks, None, compile=False)
+    # the page layout only: rank 0 decides every page, and each op carries the physical rows it touches
+    runner = ModelRunner(target, None, None, None, compile=False, layout=(num_pages, page_size))
     log.info("rank %d/%d ready: %d KV pages of %d", rank, world, num_pages, page_size)
     try:
         with torch.inference_mode():
             while True:
-                op, ints, t = channel.recv()
+                op, _, t = channel.recv()
                 if op == TARGET:
                     runner.execute_target(*t)
                 elif op == MOVE:
-                    runner.cache.move(t[0], t[1])
+                    runner.move_rows(t[0], t[1])
                 elif op == STOP:
                     return
                 elif op == PING:
@@ -187,7 +132,8 @@ class Ranks:
         _open = self
 
     def join(self, device: torch.device) -> Channel:
-        """Form the group with the other ranks; the channel rank 0 sends each forward on."""
+        """Form the group with the other ranks; the channel rank 0 sends each forward on (what the
+        model runner takes as its `Broadcaster`)."""
         init(0, self.world, device, self.init_method)
         self.channel = Channel(device)
         return self.channel
@@ -202,7 +148,7 @@ class Ranks:
             _open = None
         if self.channel is not None:
             try:
-                self.channel.send(STOP)
+                self.channel.stop()
             except Exception:  # noqa: BLE001 -- a rank already gone: nothing left to stop
                 pass
             leave()

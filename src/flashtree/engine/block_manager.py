@@ -80,13 +80,18 @@ class BlockManager:
         return len(self.free_pages) + len(self.lru)
 
     @property
+    def pages_total(self) -> int:
+        """Pages that can hold rows (the null page aside)."""
+        return self.num_pages - 1
+
+    @property
     def used(self) -> int:
         """Pages held by at least one slot."""
-        return self.num_pages - 1 - self.available
+        return self.pages_total - self.available
 
     @property
     def capacity_tokens(self) -> int:
-        return (self.num_pages - 1) * self.page_size
+        return self.pages_total * self.page_size
 
     def pages_for(self, rows: int) -> int:
         return -(-rows // self.page_size)

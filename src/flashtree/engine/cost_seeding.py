@@ -46,7 +46,7 @@ def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
     """Batch 1 and the engine's batch size (as slots allow) at the widths `tokens` (up to auto's
     widest round), then the drafter pass at both batch sizes where a drafter builds trees."""
     batches = sorted({1, min(free, engine.config.max_batch_size)})
-    widest = min(max(tokens), engine.auto_budget + 1, engine.max_model_len - 1)
+    widest = min(max(tokens), engine.limits.auto_budget + 1, engine.max_model_len - 1)
     widths = sorted({t for t in tokens if t <= widest} | {widest})
     plan = [Probe("verify", B, T) for B in batches for T in widths]
     if engine.drafts is not None and "ddtree" in engine.proposers:
@@ -102,7 +102,7 @@ class CostSeeder:
                 else:
                     builder = eng.proposers["ddtree"]
                     seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
-                                     method="ddtree", block_size=eng.default_block_size, budget=eng.auto_budget,
+                                     method="ddtree", block_size=eng.limits.default_block_size, budget=eng.limits.auto_budget,
                                      uniforms=None, stop_ids=frozenset(), output_ids=[0], slot=slot, length=ctx)
                             for slot in slots]
                     for s in seqs:  # a few fresh context rows, within the dummy context

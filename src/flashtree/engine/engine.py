@@ -25,13 +25,15 @@ from ..models.target import TargetModel
 from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice
-from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, proposer_class, takers
+from ..speculative.dflash import DFlashDrafts
+from ..speculative.limits import AUTO, RequestLimits
+from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, ProposerContext, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
-from ..speculative.verify import VerifyOutput, verify_tree
+from ..speculative.verify import VerifyOutput
 from .block_manager import BlockManager
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
-from .round import VerifyInput, pack_trees
+from .round import Verifier, VerifyInput, pack_trees, verify_round
 from .prefill_pacing import PrefillPacer, break_even_context
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -39,7 +41,6 @@ from .sequence import Sequence
 log = logging.getLogger("flashtree.engine")
 
 MAX_BUDGET = 512
-AUTO = "auto"        # budget="auto": the tree size is chosen each round (speculative/adaptive.py)
 DEFAULT_BUDGET = AUTO  # ddtree and hybrid: a seeded sampled run still repeats exactly whatever the choices
                        # (each output position has its own uniform: sampling.Uniforms)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
@@ -171,15 +172,14 @@ class Engine:
             self.drafter_block_size = dc.block_size
         else:
             self.feature_layers, self.drafter_block_size = None, 0
-        self.default_block_size = self._check_block_size(config.block_size) if drafter else 1
-        self.default_budget = config.budget if config.budget is not None else DEFAULT_BUDGET
-        self.auto_budget = min(config.auto_max_budget, config.max_budget)  # an auto tree's most nodes
         method = self._check_method(config.method)
         _refuse_options(config.method, budget=config.budget, topk=config.topk)
-        if "budget" in method.options or config.budget is not None:
-            self.check_budget(self.default_budget)
-        self.default_topk = self.check_topk(config.topk, self.nodes_of(self.default_budget)) \
-            if config.topk is not None else None
+        self.limits = RequestLimits.build(
+            drafter_block_size=self.drafter_block_size, block_size=config.block_size, max_budget=config.max_budget,
+            auto_budget=min(config.auto_max_budget, config.max_budget),  # an auto tree's most nodes
+            budget=config.budget if config.budget is not None else DEFAULT_BUDGET, topk=config.topk,
+            check_default_budget="budget" in method.options or config.budget is not None,
+            max_ngram=config.max_ngram, min_ngram=config.min_ngram, draft_len=config.draft_len)
         self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size)
         P = config.page_size
         if kv_tokens < self.capacity:
@@ -197,26 +197,30 @@ class Engine:
         self.pacer = PrefillPacer(break_even_context(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
                                                      tc.num_key_value_heads, tc.head_dim),
                                   config.prefill_stall) if config.prefill_stall is not None else None
-        self.drafts = None  # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
+        self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
+        # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
+        self.drafts = DFlashDrafts(self.runner, drafter.config.mask_token_id, self.device,
+                                   ranks=lambda s: self.proposers[s.method].ranks(s)) if drafter is not None else None
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
+        given = ProposerContext(self.limits, self.adaptive, self.drafts)
         self.proposers: dict[str, Proposer] = {
-            m: proposer_class(m)(self) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
+            m: proposer_class(m)(given) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
         self._next_id = 0
-        self.verify_fn = verify_tree          # swappable in tests (a wrong verifier must be caught)
+        self.verifier: Verifier = verify_round  # the round's verify (a test's wrong one must be caught)
         self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
         self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
         self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0}
         self.consecutive_failures = 0  # sequences failed since the last commit
-        self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
 
     def warmup(self, progress: bool = False) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes."""
         if not self.runner.compiled:
             return
-        tokens = max([self.default_block_size, self.nodes_of(self.default_budget) + 1, self.config.draft_len + 1])
-        buckets = self.runner.buckets(self.config.max_batch_size, tokens, self.default_block_size)
+        lim = self.limits
+        tokens = max([lim.default_block_size, lim.nodes_of(lim.default_budget) + 1, self.config.draft_len + 1])
+        buckets = self.runner.buckets(self.config.max_batch_size, tokens, lim.default_block_size)
         secs = self.runner.warmup(buckets, progress)
         log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
@@ -245,38 +249,6 @@ class Engine:
             raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use "
                                f"one of {free}", "speculative")
         return cls
-
-    def block_size_of(self, block_size: int | None) -> int:
-        """A request's block size: its own (checked) or the engine's default."""
-        return self._check_block_size(block_size) if block_size is not None else self.default_block_size
-
-    def _check_block_size(self, block_size: int | None) -> int:
-        if block_size is None:
-            return self.drafter_block_size
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= self.drafter_block_size:
-            raise RequestError(f"block_size must be an integer in [2, {self.drafter_block_size}] (the drafter "
-                               f"was trained with block_size {self.drafter_block_size}), got {block_size}", "speculative")
-        return block_size
-
-    def check_budget(self, budget: int | str) -> int | str:
-        """A tree budget: an integer in [1, max_budget], or "auto"."""
-        hi = self.config.max_budget
-        if isinstance(budget, str) and budget == AUTO:
-            return budget
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= hi:
-            raise RequestError(f"budget must be an integer in [1, {hi}] or \"auto\" (the tree size chosen each "
-                               f"round), got {budget!r}", "speculative")
-        return budget
-
-    def nodes_of(self, budget: int | str) -> int:
-        """The most nodes a tree of this (checked) budget holds: "auto" drafts up to auto_budget."""
-        return self.auto_budget if budget == AUTO else budget
-
-    def check_topk(self, topk: int, budget: int) -> int:
-        if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= budget:
-            raise RequestError(f"topk (the most children per tree node) must be an integer in [1, budget={budget}] "
-                               f"(1 = a chain), got {topk!r}", "speculative")
-        return topk
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                     budget: int | str | None = None, block_size: int | None = None,
@@ -616,7 +588,7 @@ class Engine:
         return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
 
     def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
-        return self.verify_fn(vin.tokens, vin.parents, vin.depths, vin.valid, self._draws(batch, vin, logits), vin.vis)
+        return self.verifier(batch, vin, logits, self._draws)
 
     def _commit(self, batch, out: RoundOutput) -> None:
         trees, vout = out.trees, out.vout

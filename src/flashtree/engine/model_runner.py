@@ -22,6 +22,13 @@ Which pages each sequence's rows live in is the block manager's (`block_manager.
 hands a forward the page table of its sequences and writes new K/V at the physical rows it names.
 It does not choose tokens, build trees, sample or decide which pages a sequence gets (the engine's
 scheduler does).
+
+Tensor parallel: on rank 0 the runner hands each target forward's inputs and each KV move to a
+`Broadcaster` (`attach`) before running them itself; a rank > 0 builds its runner from the page
+layout alone (`layout=`, no block manager) and runs `execute_target` / `move_rows` on what
+arrives. How the inputs travel is the broadcaster's (rank 0's `Channel`, `wire.py` of the
+tensor-parallel package): the runner calls its methods, knows no op code, and imports nothing
+from that package.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -51,6 +59,25 @@ COMPILE_CHOICES = ("auto", True, False)
 
 class RankLost(RuntimeError):
     """A tensor-parallel rank died or stopped answering: the engine cannot continue."""
+
+
+class Broadcaster(Protocol):
+    """Tensor parallel, rank 0: what the runner tells the other ranks. Each call raises when a
+    rank stopped answering (the runner turns that into RankLost)."""
+
+    def init(self, num_pages: int, page_size: int) -> None:
+        """The KV cache layout every rank allocates (once, first)."""
+
+    def target(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
+               vis: torch.Tensor, rows: torch.Tensor) -> None:
+        """One target forward: tokens, positions [B, T]; table [B, pages]; lengths [B];
+        vis [B, T, T]; rows [B, T] the physical rows its new K/V go to."""
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy physical cache rows src [M] -> dst [M]."""
+
+    def ping(self) -> None:
+        """Nothing to run: only whether every rank still answers."""
 
 
 def resolve_compile(compile: bool | str, device: torch.device) -> bool:
@@ -77,9 +104,18 @@ def _at_least_2(n: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, blocks: BlockManager,
-                 feature_layers: list[int] | None, compile: bool | str = False):
+    def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, blocks: BlockManager | None,
+                 feature_layers: list[int] | None, compile: bool | str = False, *,
+                 layout: tuple[int, int] | None = None):
+        """blocks: the block manager whose pages the forwards read and write. A tensor-parallel
+        rank > 0 has none: it passes layout=(num_pages, page_size) and runs only `execute_target`
+        and `move_rows`, on physical rows rank 0 chose."""
         self.target, self.drafter, self.blocks = target, drafter, blocks
+        if blocks is not None:
+            layout = blocks.num_pages, blocks.page_size
+        elif layout is None:
+            raise ValueError("a model runner needs a block manager, or (a rank > 0) the page layout")
+        self.num_pages, self.page_size = layout
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         # float32 or bfloat16 on a CPU with AVX2: projections through the CPU kernel (models/cpu_dense.py)
@@ -90,7 +126,7 @@ class ModelRunner:
             log.info("projections: %s", "the CPU kernel (models/cpu_dense.cpp)" if self.cpu_kernel
                      else f"F.linear ({cpu_dense.why_unavailable()})")
         tc = target.config
-        rows = blocks.num_pages * blocks.page_size
+        rows = self.num_pages * self.page_size
         # the CPU attention kernel reads float32 rows: a bf16 model keeps its K/V (exact) in a float32
         # cache there — 2x a bf16 cache's bytes, ~14 MB a step at 300 tokens of SmolLM2 context
         # against its 269 MB of weights; elsewhere the cache is in the model's dtype
@@ -104,7 +140,7 @@ class ModelRunner:
         self.feature_layers = tuple(feature_layers or ())
         if self.feature_layers:  # what the drafter reads: every target forward keeps its tokens' features
             self.features = FeatureCache(rows, len(self.feature_layers) * tc.hidden_size, self.dtype, self.device)
-        self.channel = None  # tensor parallel, rank 0: where each forward's inputs go (distributed/tp.py)
+        self.broadcaster: Broadcaster | None = None  # tensor parallel, rank 0: the other ranks (attach)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self._arange = torch.arange(rows, device=self.device)  # cols of every forward are a prefix of it
         self.compiled = resolve_compile(compile, self.device)
@@ -117,7 +153,7 @@ class ModelRunner:
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
         if self.aot:
             parts = {"target": target, **({"drafter": drafter} if drafter is not None else {})}
-            settings = {"page_size": blocks.page_size, "feature_layers": self.feature_layers,
+            settings = {"page_size": self.page_size, "feature_layers": self.feature_layers,
                         "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype)}
             cache = (None, "rows", None, None)
             kept = (("rows", None),) if self.features is not None else ()
@@ -151,7 +187,7 @@ class ModelRunner:
         # tokens, positions [B, T]; table [B, pages]; lengths [B]; vis [B, T, T]; cols [S]; nodes [R] flat b*T+t;
         # rows [B, T] the new tokens' physical rows; k_cache, v_cache [L, num_rows, Hkv, D]; features [num_rows, F]
         hidden, feats, k, v = self.target.forward_cached(tokens, positions, k_cache, v_cache, table,
-                                                         self.blocks.page_size, lengths, vis, cols, self.feature_layers)
+                                                         self.page_size, lengths, vis, cols, self.feature_layers)
         write_rows(k_cache, v_cache, rows, k, v)  # after every read of the cache (program order)
         if features is not None:
             write_features(features, rows, feats)
@@ -163,7 +199,7 @@ class ModelRunner:
         # block_len [B]; cols [S]; rows [B, C] the context rows' physical rows (their K/V written there)
         embeds = self.target.model.embed_tokens(block)
         hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, table,
-                                                   self.blocks.page_size, past_len, ctx_len, block_len, cols)
+                                                   self.page_size, past_len, ctx_len, block_len, cols)
         write_rows(k_cache, v_cache, rows, k, v)
         # slot k > 0 drafts position start+k: one 2-D GEMM through the target's LM head
         H = hidden.shape[-1]
@@ -184,9 +220,8 @@ class ModelRunner:
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
         start = lengths.cpu().numpy()  # the one host copy of the lengths (sizes and rows come from it)
         table, rows = self._table(slots, int(start.max())), self._rows(slots, start, T)
-        if self.channel is not None:  # tensor parallel: the other ranks run the same forward on their shards
-            from ..distributed.tp import TARGET
-            self._send(TARGET, tensors=(tokens, positions, table, lengths, vis, rows))
+        if self.broadcaster is not None:  # tensor parallel: the other ranks run the same forward on their shards
+            self._broadcast(self.broadcaster.target, tokens, positions, table, lengths, vis, rows)
         cols = self._cols(_at_least_2(int(start.max())))
         return self.execute_target(tokens, positions, table, lengths, vis, rows, nodes, cols)[:R]
 
@@ -262,29 +297,32 @@ class ModelRunner:
         s, a, b = (np.array(x) for x in zip(*moves))
         rows = self.blocks.rows(s, np.stack([a, b], 1))                                   # [M, 2]
         idx = torch.from_numpy(rows).to(self.device)
-        if self.channel is not None:
-            from ..distributed.tp import MOVE
-            self._send(MOVE, tensors=(idx[:, 0], idx[:, 1]))
-        self.cache.move(idx[:, 0], idx[:, 1])
-        if self.features is not None:
-            self.features.move(idx[:, 0], idx[:, 1])
+        if self.broadcaster is not None:
+            self._broadcast(self.broadcaster.move, idx[:, 0], idx[:, 1])
+        self.move_rows(idx[:, 0], idx[:, 1])
 
-    def attach(self, channel) -> None:
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy physical rows src [M] -> dst [M] in the target cache and the kept features."""
+        self.cache.move(src, dst)
+        if self.features is not None:
+            self.features.move(src, dst)
+
+    def attach(self, broadcaster: Broadcaster) -> None:
         """Tensor parallel (rank 0): broadcast every target forward and KV move to the other ranks,
         starting with the cache layout they allocate."""
-        from ..distributed.tp import INIT
-        self.channel = channel
-        self._send(INIT, ints=(self.blocks.num_pages, self.blocks.page_size))
+        self.broadcaster = broadcaster
+        self._broadcast(broadcaster.init, self.num_pages, self.page_size)
 
     def heartbeat(self) -> None:
         """Tensor parallel: check every rank still answers (raises RankLost if not); else nothing."""
-        if self.channel is not None:
-            from ..distributed.tp import PING
-            self._send(PING)
+        if self.broadcaster is not None:
+            self._broadcast(self.broadcaster.ping)
 
-    def _send(self, op: int, **kw) -> None:
+    @staticmethod
+    def _broadcast(send: Callable[..., None], *args) -> None:
+        """One broadcaster call; its failure is RankLost."""
         try:
-            self.channel.send(op, **kw)
+            send(*args)
         except Exception as e:  # a peer's socket closed, or the collective timed out
             raise RankLost(f"a tensor-parallel rank stopped answering: {e}") from e
 

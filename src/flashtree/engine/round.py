@@ -2,17 +2,19 @@
 
 draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
 `VerifyInput` (flat padded arrays + ancestor visibility, on the host for the walk and on the device
-for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`) -> commit. Nothing
-here runs a model.
+for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`, through a
+`Verifier`) -> commit. Nothing here runs a model.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..speculative.tree import DraftTree
+from ..speculative.verify import VerifyOutput, verify_tree
 
 
 @dataclass(slots=True)
@@ -82,3 +84,19 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
                        mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])
+
+
+# the phases of a step, in order, as `Engine.round_times` names them (seed_costs and budget aside:
+# the auto cost seeding and the budget choice, both rarely more than noise)
+PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
+
+# draw(batch, vin, logits) -> [B, T] the target's draw at every node, on the host (the engine's sampler)
+Draw = Callable[[list, VerifyInput, torch.Tensor], np.ndarray]
+# verifier(batch, vin, logits [rows, V], draw) -> VerifyOutput: the engine's `verifier` seam (a test's
+# wrong verifier, or a negative control of `exactness.py`, goes there and must be caught)
+Verifier = Callable[[list, VerifyInput, torch.Tensor, Draw], VerifyOutput]
+
+
+def verify_round(batch: list, vin: VerifyInput, logits: torch.Tensor, draw: Draw) -> VerifyOutput:
+    """The round's verify: the target's draws at every node, walked down each tree (`verify_tree`)."""
+    return verify_tree(vin.tokens, vin.parents, vin.depths, vin.valid, draw(batch, vin, logits), vin.vis)

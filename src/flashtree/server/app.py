@@ -485,9 +485,7 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
             return error(APIError(503, f"the engine loop is not running{why}", code="engine_dead"))
         if server.engine.draining:
             return error(APIError(503, SHUTTING_DOWN, code="shutting_down"))
-        blocks = server.engine.engine.blocks
-        return {"status": "ok", "kv_cache_tokens": blocks.capacity_tokens, "kv_page_size": blocks.page_size,
-                "kv_pages_used": blocks.used, "kv_pages_total": blocks.num_pages - 1}
+        return {"status": "ok", **server.engine.kv_usage()}
 
     @app.get("/metrics")
     async def metrics():

@@ -143,7 +143,7 @@ class AsyncEngine:
         self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
         self._thread = threading.Thread(target=self._run, name="flashtree-engine", daemon=True)
         metrics.kv_slots_total.set(self.engine.blocks.num_slots)
-        metrics.kv_pages_total.set(self.engine.blocks.num_pages - 1)  # the null page holds nothing
+        metrics.kv_pages_total.set(self.engine.blocks.pages_total)
         self._counted = (0, 0)  # (prefix-cache hit tokens, preemptions) already recorded
 
     # ------------------------------------------------------------ called from the event loop
@@ -170,6 +170,13 @@ class AsyncEngine:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def kv_usage(self) -> dict:
+        """The KV cache's size and use, as /health reports them (read off the loop's thread: a
+        snapshot, not a lock)."""
+        b = self.engine.blocks
+        return {"kv_cache_tokens": b.capacity_tokens, "kv_page_size": b.page_size, "kv_pages_used": b.used,
+                "kv_pages_total": b.pages_total}
 
     async def submit(self, sub: Submission) -> Channel:
         """Queue the choices of one request; raises the engine's RequestError / QueueFullError,

@@ -73,10 +73,10 @@ class DecodeBatchLog:
         return stats
 
     def stats(self, engine, seconds: float) -> dict:
-        blocks = engine.blocks  # KV pages held by requests, of all (the null page aside)
+        blocks = engine.blocks  # KV pages held by requests, of all
         methods = "+".join(m for m, _ in self.methods.most_common()) or self.default_method
         return {"running": len(engine.running), "waiting": len(engine.waiting),
-                "kv_used_pct": 100.0 * blocks.used / (blocks.num_pages - 1),
+                "kv_used_pct": 100.0 * blocks.used / blocks.pages_total,
                 "accept_len": self.accepted / self.rounds if self.rounds else 0.0,
                 "gen_throughput": self.tokens / max(seconds, 1e-9), "method": methods,
                 "interval_s": round(seconds, 3)}

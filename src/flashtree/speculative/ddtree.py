@@ -13,13 +13,13 @@ class DDTree(DFlash):
     options = ("budget", "topk", "block_size")
 
     def configure(self, block_size, budget, topk, options) -> dict:
-        eng = self.engine
-        bs = eng.block_size_of(block_size)
-        bud = eng.check_budget(budget) if budget is not None else eng.default_budget
-        nodes = eng.nodes_of(bud)
+        lim = self.limits
+        bs = lim.block_size_of(block_size)
+        bud = lim.budget_of(budget)
+        nodes = lim.nodes_of(bud)
         # the engine's default cap never exceeds this request's budget; a request's own is checked
-        cap = eng.check_topk(topk, nodes) if topk is not None else \
-            (min(eng.default_topk, nodes) if eng.default_topk is not None else None)
+        cap = lim.check_topk(topk, nodes) if topk is not None else \
+            (min(lim.default_topk, nodes) if lim.default_topk is not None else None)
         return {"block_size": bs, "budget": nodes, "topk": cap, "options": {}, "auto": bud == "auto"}
 
     def ranks(self, seq) -> int:

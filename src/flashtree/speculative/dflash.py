@@ -8,17 +8,17 @@ the accepted nodes), and the next pass reads and caches them first. One pass run
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from ..models import cpu_dense
-from .proposer import Proposer
+from .proposer import Proposer, ProposerContext
 from .tree import DraftOutput, DraftTree, chain_tree
 
 if TYPE_CHECKING:
-    from ..engine.engine import Engine
     from ..engine.sequence import Sequence
 
 
@@ -29,13 +29,24 @@ if TYPE_CHECKING:
 FLAT_CONTEXT_WASTE = 64
 
 
+class DrafterRunner(Protocol):
+    """What the pass needs of the model runner (`engine/model_runner.py`)."""
+
+    def features_of(self, slots: list[int], past: np.ndarray, rows: int) -> torch.Tensor: ...
+
+    def run_drafter(self, block, block_pos, ctx, ctx_pos, slots, past, ctx_len, block_len) -> torch.Tensor: ...
+
+    def write_drafter_context(self, slots: np.ndarray, rows: np.ndarray) -> None: ...
+
+
 class DFlashDrafts:
     """The drafter pass. `source(seqs) -> {seq: DraftOutput}` is where drafts come from: this
-    pass (`run`) by default, or a test's oracle with the same signature."""
+    pass (`run`) by default, or a test's oracle with the same signature. `ranks(seq)` is the
+    top-k width of the draft seq's method needs per depth."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.mask_token_id = engine.drafter.config.mask_token_id
+    def __init__(self, runner: DrafterRunner, mask_token_id: int, device: torch.device,
+                 ranks: Callable[[Sequence], int]):
+        self.runner, self.mask_token_id, self.device, self.ranks = runner, mask_token_id, device, ranks
         self.cached: dict[Sequence, int] = {}  # rows in the drafter cache (those below s.length past them: pending)
         self.fed: dict[Sequence, int] = {}     # pending rows this round's pass wrote to the cache
         self.source = self.run
@@ -59,8 +70,7 @@ class DFlashDrafts:
     def run(self, seqs: list[Sequence]) -> dict[Sequence, DraftOutput]:
         """One drafter pass over [bonus, MASK x (K-1)] for every sequence; writes the pending
         context rows to the drafter cache (rerunning rewrites the same rows)."""
-        eng = self.engine
-        dev, B = eng.device, len(seqs)
+        dev, B = self.device, len(seqs)
         K = max(s.block_size for s in seqs)
         slots = [s.slot for s in seqs]
         lengths = np.array([s.length for s in seqs])
@@ -72,7 +82,7 @@ class DFlashDrafts:
             past_np, n_ctx = lengths, np.zeros(B, dtype=n_ctx.dtype)
         C = int(n_ctx.max())
         # [B, C, F]: each sequence's pending rows (past n_ctx[b]: rows the drafter masks out)
-        ctx = eng.runner.features_of(slots, past_np, C)
+        ctx = self.runner.features_of(slots, past_np, C)
         block_np = np.full((B, K), self.mask_token_id, dtype=np.int64)
         block_np[:, 0] = [s.bonus for s in seqs]
 
@@ -82,9 +92,9 @@ class DFlashDrafts:
         ctx_pos = tensor(past_np[:, None] + np.arange(C))                    # [B, C]
         block, block_pos = tensor(block_np), tensor(lengths[:, None] + np.arange(K))   # [B, K]
         block_len = tensor(np.array([s.block_size for s in seqs]))
-        logprobs = eng.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len,
-                                          block_len)                         # [B, K-1, V]
-        k = min(max(eng.proposers[s.method].ranks(s) for s in seqs), logprobs.shape[-1])
+        logprobs = self.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len,
+                                           block_len)                        # [B, K-1, V]
+        k = min(max(self.ranks(s) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
         top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
         self.fed.update(zip(seqs, fed))
@@ -94,7 +104,7 @@ class DFlashDrafts:
     def _write_flat(self, slots: list[int], past: np.ndarray, n_ctx: np.ndarray) -> None:
         """Every sequence's pending context rows to the drafter cache as one flat batch: rows
         past[b] .. past[b] + n_ctx[b] - 1 of slot b, no padding."""
-        self.engine.runner.write_drafter_context(np.repeat(slots, n_ctx), np.concatenate(
+        self.runner.write_drafter_context(np.repeat(slots, n_ctx), np.concatenate(
             [np.arange(a, a + n) for a, n in zip(past, n_ctx)]))
 
     def on_prefill(self, seq: Sequence, rows: int) -> None:
@@ -128,13 +138,6 @@ class DFlashDrafts:
         self.fed.pop(seq, None)
 
 
-def drafts_of(engine: Engine) -> DFlashDrafts:
-    """The engine's one drafter pass, shared by every drafter-based method (built on first use)."""
-    if engine.drafts is None:
-        engine.drafts = DFlashDrafts(engine)
-    return engine.drafts
-
-
 class DFlash(Proposer):
     """The drafter's argmax at each depth, as one chain."""
     name = "dflash"
@@ -143,12 +146,13 @@ class DFlash(Proposer):
     drafts = "verifies one chain of block_size-1 drafts (set its length with block_size)"
     summary = "drafter found and matches the target"
 
-    def __init__(self, engine: Engine):
-        super().__init__(engine)
-        drafts_of(engine)
+    def __init__(self, given: ProposerContext):
+        super().__init__(given)
+        if given.drafts is None:
+            raise ValueError(f"method '{self.name}' needs the drafter pass")
 
     def configure(self, block_size, budget, topk, options) -> dict:
-        bs = self.engine.block_size_of(block_size)
+        bs = self.limits.block_size_of(block_size)
         return {"block_size": bs, "budget": bs - 1, "topk": None, "options": {}}  # a chain uses every slot
 
     def ranks(self, seq: Sequence) -> int:
@@ -156,19 +160,19 @@ class DFlash(Proposer):
         return 1
 
     def prepare(self, seqs) -> None:
-        self.engine.drafts.want(seqs)
+        self.drafter_pass.want(seqs)
 
     def draft(self, seqs, depths) -> list:
-        return self.engine.drafts.take(seqs)
+        return self.drafter_pass.take(seqs)
 
     def tree(self, seq, draft: DraftOutput, depth: int) -> DraftTree:
         return chain_tree(seq.bonus, draft.ids[:depth, 0].tolist(), draft.logprobs[:depth, 0].tolist())
 
     def on_prefill(self, seq, rows) -> None:
-        self.engine.drafts.on_prefill(seq, rows)
+        self.drafter_pass.on_prefill(seq, rows)
 
     def on_commit(self, seq, tree, path) -> None:
-        self.engine.drafts.on_commit(seq)
+        self.drafter_pass.on_commit(seq)
 
     def release(self, seq) -> None:
-        self.engine.drafts.release(seq)
+        self.drafter_pass.release(seq)

@@ -76,20 +76,19 @@ class Hybrid(DDTree):
     options = ("budget", "block_size", "max_ngram", "min_ngram")
     drafts = "merges the drafter's tree with one chain copied from the context"
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        c = engine.config
-        check_ngram(c.max_ngram, c.min_ngram, 1, 1)
+    def __init__(self, given):
+        super().__init__(given)
+        check_ngram(self.limits.max_ngram, self.limits.min_ngram, 1, 1)
         self.rate: dict = {}   # seq -> [hits, trials] of its n-gram nodes
         self.copies: dict = {}  # seq -> its n-gram chain of this round (what on_commit calibrates on)
 
     def configure(self, block_size, budget, topk, options) -> dict:
-        eng, c = self.engine, self.engine.config
-        bs = eng.block_size_of(block_size)
-        bud = eng.check_budget(budget) if budget is not None else eng.default_budget
-        mx, mn = options.get("max_ngram", c.max_ngram), options.get("min_ngram", c.min_ngram)
+        lim = self.limits
+        bs = lim.block_size_of(block_size)
+        bud = lim.budget_of(budget)
+        mx, mn = options.get("max_ngram", lim.max_ngram), options.get("min_ngram", lim.min_ngram)
         check_ngram(mx, mn, 1, 1, error=lambda m: RequestError(m, "speculative"))
-        return {"block_size": bs, "budget": eng.nodes_of(bud), "topk": None, "auto": bud == "auto",
+        return {"block_size": bs, "budget": lim.nodes_of(bud), "topk": None, "auto": bud == "auto",
                 "options": {"max_ngram": mx, "min_ngram": mn}}
 
     def _copy(self, seq, depth: int) -> list[int]:
@@ -98,7 +97,7 @@ class Hybrid(DDTree):
 
     def draft(self, seqs, depths) -> list:
         drafts = []
-        for s, d, depth in zip(seqs, self.engine.drafts.take(seqs), depths):
+        for s, d, depth in zip(seqs, self.drafter_pass.take(seqs), depths):
             copy = self.copies[s] = self._copy(s, depth)
             drafts.append((d, copy) if d is not None or copy else None)
         return drafts

@@ -95,15 +95,15 @@ class NGram(Proposer):
     drafts = "copies one chain from the context (set its length with draft_len)"
     summary = "prompt lookup needs only the target"
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        c = engine.config
+    def __init__(self, given):
+        super().__init__(given)
+        c = self.limits
         self.max_draft = max(c.max_budget, c.draft_len) if isinstance(c.draft_len, int) else c.max_budget
         check_ngram(c.max_ngram, c.min_ngram, c.draft_len, self.max_draft)
         self.accepted: dict = {}  # Sequence -> Acceptance
 
     def configure(self, block_size, budget, topk, options) -> dict:
-        c = self.engine.config
+        c = self.limits
         mx, mn = options.get("max_ngram", c.max_ngram), options.get("min_ngram", c.min_ngram)
         dl = options.get("draft_len", c.draft_len)
         check_ngram(mx, mn, dl, self.max_draft, error=lambda m: RequestError(m, "speculative"))
@@ -117,7 +117,7 @@ class NGram(Proposer):
             return [None] * len(seqs)
         curves = [chain_curve(self.accepted.get(s, Acceptance(at=s.metrics.rounds)).rate(s.metrics.rounds), len(c))
                   for s, c in found]
-        width = choose_tokens(curves, self.engine.adaptive.costs, len(seqs), 0.0, fixed=len(seqs) - len(found))
+        width = choose_tokens(curves, self.adaptive.costs, len(seqs), 0.0, fixed=len(seqs) - len(found))
         return [c[:width - 1] or None for c in conts]
 
     def _acceptance(self, seq) -> Acceptance:

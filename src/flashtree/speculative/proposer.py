@@ -12,13 +12,16 @@ schema, the CLI choices, `bench`, `env` and the error messages all read `METHODS
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from .limits import RequestLimits
 from .tree import DraftTree
 
 if TYPE_CHECKING:
-    from ..engine.engine import Engine
     from ..engine.sequence import Sequence
+    from .adaptive import AdaptiveBudget
+    from .dflash import DFlashDrafts
 
 # the one list of drafting methods: name -> "module:Class" in this package
 REGISTRY: dict[str, str] = {
@@ -36,6 +39,16 @@ OPTION_MEANING = {"budget": "the draft tree's size", "topk": "the most children 
                   "min_ngram": "the shortest n-gram looked up", "draft_len": "the n-gram chain's length"}
 
 
+@dataclass(frozen=True, slots=True)
+class ProposerContext:
+    """What the engine gives its proposers: the limits requests are checked against, auto's
+    measured costs (`adaptive.costs`, read when used: ngram sizes its copies by them) and the one
+    drafter pass (None without a drafter)."""
+    limits: RequestLimits
+    adaptive: AdaptiveBudget
+    drafts: DFlashDrafts | None
+
+
 class Proposer:
     """One drafting method. One instance per engine, shared by all its sequences of that method;
     per-sequence state lives in dicts keyed by the `Sequence` (freed in `release`)."""
@@ -45,8 +58,8 @@ class Proposer:
     drafts: ClassVar[str] = "drafts nothing"   # how it drafts, for the messages that refuse an option
     summary: ClassVar[str] = ""                # one line for `env` and the docs
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, given: ProposerContext):
+        self.limits, self.adaptive, self.drafter_pass = given.limits, given.adaptive, given.drafts
 
     def configure(self, block_size: int | None, budget: int | None, topk: int | None,
                   options: dict) -> dict:
