@@ -263,8 +263,8 @@ def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, monkeypatc
         assert f"{c['tok_s']:.1f}" in row and f"{c['mean_accept_length']:.2f}" in row
     assert "exact: at T=0 greedy identity" in (tmp_path / "good" / "report.md").read_text()
 
-    import flashtree.engine.engine as engine_module
-    monkeypatch.setattr(engine_module, "verify_tree", _wrong_bonus)
+    import flashtree.engine.round as round_module  # the walk every engine's `verify_round` calls
+    monkeypatch.setattr(round_module, "verify_tree", _wrong_bonus)
     assert main(argv + ["--out", str(tmp_path / "bad")]) == 1
     out, err = capsys.readouterr()
     rep = json.loads((tmp_path / "bad" / "bench.json").read_text())
