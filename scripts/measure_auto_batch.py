@@ -35,14 +35,14 @@ for r in range(a.repeats + 1):  # repeat 0 warms up
         for method, budget in CONFIGS:
             params = [SamplingParams(temperature=temp, max_tokens=a.max_tokens, ignore_eos=True, seed=i)
                       for i in range(len(prompts))]
-            before, rounds0 = dict(eng.timings), eng.stats["rounds"]
+            before, rounds0 = eng.timings.as_dict(), eng.stats.rounds
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False, method=method, budget=budget)
             secs = time.perf_counter() - t0
             if not r:
                 continue
-            rounds = eng.stats["rounds"] - rounds0
-            phases = {k: 1e6 * (v - before.get(k, 0.0)) / rounds for k, v in eng.timings.items()}
+            rounds = eng.stats.rounds - rounds0
+            phases = {k: 1e6 * (v - before.get(k, 0.0)) / rounds for k, v in eng.timings.as_dict().items()}
             taus = [t for o in outs for t in o.metrics.accept_lengths]
             runs.setdefault((temp, method), []).append({
                 "tok_s": sum(o.metrics.completion_tokens for o in outs) / secs, "rounds": rounds,

@@ -14,6 +14,7 @@ from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.commands.generate import budget_arg
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
+from flashtree.engine.round import RoundTimes
 from flashtree.errors import UserError
 from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
 from flashtree.server.app import create_app
@@ -121,10 +122,10 @@ def test_round_costs_follow_every_record():
     assert c.round_cost(1, 40) == pytest.approx(40e-3)      # wider than the curve so far: extended
     c.record_verify(1, 8, 18e-3)                             # EMA: 0.8 * 8 + 0.2 * 18 = 10 ms
     assert c.round_cost(1, 8) == pytest.approx(10e-3)
-    c.observe(1, 1, 0, {"verify_forward": 1e-3, "verify_walk": 0.2e-3}, seconds=1.5e-3)  # a plain round
+    c.observe(1, 1, 0, RoundTimes(verify_forward=1e-3, verify_walk=0.2e-3), seconds=1.5e-3)  # a plain round
     assert c.round_cost(1, 1) == pytest.approx(1e-3 + 0.2e-3 + 0.3e-3)
     assert c.round_cost(1, 2) == pytest.approx(2e-3 + 0.2e-3 + 0.3e-3)  # until a wide round is measured
-    c.observe(1, 4, 1, {"verify_forward": 4e-3, "draft": 1e-3, "verify_walk": 0.5e-3}, seconds=6.5e-3)
+    c.observe(1, 4, 1, RoundTimes(verify_forward=4e-3, draft=1e-3, verify_walk=0.5e-3), seconds=6.5e-3)
     assert c.round_cost(1, 4) == pytest.approx(4e-3 + 0.5e-3 + 1e-3)  # walk 0.2 + 3 rows x 0.1; overhead 1
     assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
 
@@ -160,14 +161,14 @@ def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_co
     eng.step()  # at most block_size rows since: a steady pass
     assert s.metrics.rounds == 2 and list(costs.draft_s) == [1]
     c = CostTable()
-    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 0.1}, 0.103)  # a cold first pass
+    c.observe(1, 9, 1, RoundTimes(verify_forward=2e-3, draft=0.1), 0.103)  # a cold first pass
     assert not c.draft_s
-    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 5e-3}, 8e-3, caught_up=32)
+    c.observe(1, 9, 1, RoundTimes(verify_forward=2e-3, draft=5e-3), 8e-3, caught_up=32)
     assert not c.draft_s and c.context_row_s is None  # no steady pass to compare it with yet
-    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 1e-3}, 4e-3)
+    c.observe(1, 9, 1, RoundTimes(verify_forward=2e-3, draft=1e-3), 4e-3)
     assert c.draft_s == {1: 1e-3} and c.overhead_s == {(1, True): pytest.approx(1e-3)}  # (its rest still counts)
     # a later catch-up: what it cost beyond a steady pass, per row
-    c.observe(1, 9, 1, {"verify_forward": 2e-3, "draft": 4e-3, "tree": 1e-3}, 8e-3, caught_up=100)
+    c.observe(1, 9, 1, RoundTimes(verify_forward=2e-3, draft=4e-3, tree=1e-3), 8e-3, caught_up=100)
     assert c.draft_s == {1: 1e-3} and c.context_row_s == pytest.approx(4e-5)
     assert c.catch_up(50) == pytest.approx(2e-3) and c.catch_up(0) == 0.0 and CostTable().catch_up(50) == 0.0
 
@@ -700,30 +701,28 @@ def test_a_rounds_overhead_is_all_of_its_time_but_the_model_calls():
     """The cost table's overhead is the round's whole wall time less its verify forward, drafter
     pass and tree build — scheduling and Python included, which plain rounds pay as well."""
     c = CostTable()
-    times = {"draft": 1.0e-3, "tree": 0.2e-3, "budget": 0.1e-3, "pack": 0.1e-3, "verify_forward": 2.0e-3,
-             "verify_walk": 0.3e-3, "commit": 0.2e-3}
+    times = RoundTimes(draft=1.0e-3, tree=0.2e-3, budget=0.1e-3, pack=0.1e-3, verify_forward=2.0e-3,
+                       verify_walk=0.3e-3, commit=0.2e-3)
     c.observe(4, 9, 4, times, seconds=4.5e-3)  # (the first pass at a batch size: a cold call, unrecorded)
     assert not c.draft_s
     c.observe(4, 9, 4, times, seconds=4.5e-3)
     assert c.verify_s == {(4, 9): 2.0e-3} and c.draft_s[4] == pytest.approx(1.2e-3)
     assert c.overhead_s[4, True] == pytest.approx(1.0e-3)  # 0.4 ms of timed phases (the walk apart) + 0.6 untimed
     assert not c.walk_row_s  # no plain round's walk yet to measure the extra rows against
-    assert c.overhead(4, 1) == c.overhead(4, 9) == pytest.approx(1.0e-3)  # the one measured stands in
-    c.observe(4, 1, 0, {"verify_forward": 1.0e-3, "pack": 0.1e-3, "verify_walk": 0.1e-3}, seconds=1.5e-3)  # plain
+    assert c.overheads(4) == pytest.approx((1.0e-3, 1.0e-3))  # the one measured stands in
+    c.observe(4, 1, 0, RoundTimes(verify_forward=1.0e-3, pack=0.1e-3, verify_walk=0.1e-3), seconds=1.5e-3)  # plain
     assert c.overhead_s[4, False] == pytest.approx(0.4e-3) and set(c.draft_s) == {4}
     assert c.walk_s[4] == pytest.approx(0.1e-3)
     # a plain round's overhead and a wide one's are kept apart (one average overpriced plain rounds)
-    assert c.overhead(4, 1) == pytest.approx(0.4e-3) and c.overhead(4, 9) == pytest.approx(1.0e-3)
-    assert np.allclose(c.overhead(4, np.array([1, 2, 9])), [0.4e-3, 1.0e-3, 1.0e-3])
+    assert c.overheads(4) == pytest.approx((0.4e-3, 1.0e-3))
 
 
 def test_the_sampling_walk_costs_each_extra_row_it_verifies():
     """With top-p every row verified is a vocabulary sort: the round cost of a wide tree includes
     its rows' walk, measured as the excess over a plain round's walk per extra row."""
     c = table(lambda b, t: 1e-3, batches=(8,), learn=True)  # a flat forward: any width costs the same
-    plain = {"verify_forward": 1e-3, "verify_walk": 2e-3}
-    c.observe(8, 1, 0, plain, seconds=3.5e-3)
-    c.observe(8, 9, 8, {**plain, "draft": 1e-3, "verify_walk": 2e-3 + 64 * 0.2e-3}, seconds=17.3e-3)  # same overhead
+    c.observe(8, 1, 0, RoundTimes(verify_forward=1e-3, verify_walk=2e-3), seconds=3.5e-3)
+    c.observe(8, 9, 8, RoundTimes(verify_forward=1e-3, draft=1e-3, verify_walk=2e-3 + 64 * 0.2e-3), seconds=17.3e-3)  # same overhead
     assert c.walk_row_s[8] == pytest.approx(0.2e-3)
     assert c.round_cost(8, 9) - c.round_cost(8, 1) == pytest.approx(64 * 0.2e-3)
     assert np.allclose(c.round_cost(8, np.array([1, 9])), [c.round_cost(8, 1), c.round_cost(8, 9)])
@@ -780,7 +779,7 @@ def test_cost_seeding_never_runs_more_than_one_forward_a_step_while_others_decod
         before = sum(n for (m, _, _), n in eng.runner.shapes.items() if m == "target")
         eng.step()
         per_step.append((sum(n for (m, _, _), n in eng.runner.shapes.items() if m == "target") - before,
-                         "prefill" in eng.round_times, "seed_costs" in eng.round_times))
+                         eng.round_times.prefill > 0, eng.round_times.seed_costs > 0))
     assert all(not (pre and seed) for _, pre, seed in per_step), per_step  # never beside a prefill chunk
     assert max(n for n, _, _ in per_step) <= 2, per_step        # a round's forward + one prefill or seed
     assert sum(seed for _, _, seed in per_step) >= 10           # the seeding ran, spread over steps

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import statistics
@@ -145,7 +146,7 @@ def test_component_costs_time_each_size_apart_and_leave_the_engine_as_it_was(pai
     eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before = llm.generate([[5, 6, 7], [8, 9]], params)
-    stats, free = dict(eng.stats), eng.blocks.free_slots
+    stats, free = dataclasses.replace(eng.stats), eng.blocks.free_slots
     seen = {"draft": []}
     shapes_before = eng.runner.shapes.copy()
     real_draft = eng.drafts.source

@@ -82,7 +82,7 @@ def test_mixed_methods_in_one_batch_equal_ar(models):
             dict(method="ddtree", budget=8), dict(method="ngram", max_ngram=2, draft_len=4)]
     out, _, eng = run(target, drafter, cfgs, ps, batch=8)
     assert out == ref
-    assert eng.stats["seqs_in_forwards"] > eng.stats["forwards"]  # rounds really were batched
+    assert eng.stats.seqs_in_forwards > eng.stats.forwards  # rounds really were batched
 
 
 def test_ngram_needs_no_drafter_and_refuses_tree_options(tiny_pair):

@@ -52,7 +52,7 @@ def test_mixed_methods_in_one_batch_equal_ar(models):
     while eng.has_work():
         eng.step()
     assert [s.output_ids for s in seqs] == ref
-    assert eng.stats["seqs_in_forwards"] > eng.stats["forwards"]  # rounds really were batched
+    assert eng.stats.seqs_in_forwards > eng.stats.forwards  # rounds really were batched
 
 
 def test_pending_context_written_flat_drafts_as_padded_does(models):

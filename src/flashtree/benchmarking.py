@@ -223,13 +223,13 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     if not eng.reset_prefix_cache():
         raise RuntimeError("bench: a pass started while requests were still running")
     eng.timings.clear()
-    forwards = eng.stats["forwards"]
+    forwards = eng.stats.forwards
     t0 = time.perf_counter()
     outs = llm.generate(prompt_ids, params, use_tqdm=False, method=cfg.method, budget=cfg.budget, topk=cfg.topk)
     seconds = time.perf_counter() - t0
     return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
                 accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
-                steps=eng.stats["forwards"] - forwards, timings=dict(eng.timings),
+                steps=eng.stats.forwards - forwards, timings=eng.timings.as_dict(),
                 token_ids=[o.token_ids for o in outs], budgets=[b for o in outs for b in o.metrics.budgets],
                 predicted_taus=[t for o in outs for t in o.metrics.predicted_taus])
 
@@ -286,7 +286,6 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     block_size = eng.limits.default_block_size
     sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} - {None} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
-    stats = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eng.stats.items()}
     slots = [eng.blocks.allocate() for _ in range(concurrency)]
     sync = (lambda: torch.cuda.synchronize(eng.device)) if eng.device.type == "cuda" else (lambda: None)
     made = []  # temporary sequences given drafter context
@@ -330,8 +329,6 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
             eng.blocks.free(slot)
         for s in made:
             eng.drafts.release(s)
-        eng.stats.clear()
-        eng.stats.update(stats)
     forward = {n: median(ts) for (kind, n), ts in times.items() if kind == "forward"}
     draft = {cfg: median(ts) for (kind, cfg), ts in times.items() if kind == "draft"}
     return ComponentCosts(forward=forward, draft=draft, context=context, draft_len=eng.config.draft_len)

@@ -33,7 +33,7 @@ from ..speculative.verify import VerifyOutput
 from .block_manager import BlockManager
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
-from .round import Verifier, VerifyInput, pack_trees, verify_round
+from .round import EngineStats, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
 from .prefill_pacing import PrefillPacer, break_even_context
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -207,10 +207,10 @@ class Engine:
             m: proposer_class(m)(given) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
         self._next_id = 0
         self.verifier: Verifier = verify_round  # the round's verify (a test's wrong one must be caught)
-        self.timings: dict[str, float] = {}   # seconds per phase, accumulated over all steps
-        self.round_times: dict[str, float] = {}  # seconds per phase in the latest step
+        self.timings = RoundTimes()      # seconds per phase, accumulated over all steps
+        self.round_times = RoundTimes()  # seconds per phase in the latest step
         self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
-        self.stats = {"rounds": 0, "forwards": 0, "seqs_in_forwards": 0}
+        self.stats = EngineStats()
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
 
@@ -283,7 +283,8 @@ class Engine:
         if params.stop and self.decode is None:
             raise RequestError("stop strings need a tokenizer", "stop")
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
-                       uniforms=uniforms, stop_ids=frozenset(stop_ids), **shape)
+                       uniforms=uniforms, stop_ids=frozenset(stop_ids), block_size=shape.block_size,
+                       budget=shape.budget, topk=shape.topk, auto=shape.auto, options=dict(shape.options))
         seq.metrics.prompt_tokens = len(prompt_ids)
         self._next_id += 1
         self.waiting.append(seq)
@@ -322,7 +323,7 @@ class Engine:
         A failure while preparing, prefilling or sampling fails only the sequences it belongs to
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         t0 = time.perf_counter()
-        self.round_times = {}
+        self.round_times = RoundTimes()
         decoding = any(s.decoding and not s.finished for s in self.running)
         plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
         for s in plan.preempted:  # recomputed from its tokens when readmitted
@@ -332,7 +333,7 @@ class Engine:
         if plan.prefills:
             self._timed("prefill", self._isolated, self._prefill, plan.prefills)
             if self.pacer is not None:
-                self.pacer.observe_prefill(plan.prefills, self.round_times["prefill"])
+                self.pacer.observe_prefill(plan.prefills, self.round_times.prefill)
         batch = [s for s in self.running if s.decoding and not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
@@ -341,14 +342,14 @@ class Engine:
                 self._timed("commit", self._commit, part, out)
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
                 out = parts[0][1]
-                spent = time.perf_counter() - t0 - sum(self.round_times.get(k, 0.0) for k in ("seed_costs", "prefill"))
+                spent = time.perf_counter() - t0 - self.round_times.seed_costs - self.round_times.prefill
                 if self.pacer is not None and not plan.prefills:  # a stream's undisturbed round
                     self.pacer.observe_round(spent)
                 self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.passed, self.round_times, spent,
                                             out.caught_up)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
-                    entry["times"] = dict(self.round_times)
+                    entry["times"] = self.round_times.as_dict()
         return self._collect()
 
     def _round(self, batch: list[Sequence]) -> RoundOutput:
@@ -449,8 +450,8 @@ class Engine:
         t0 = time.perf_counter()
         out = fn(*args)
         dt = time.perf_counter() - t0
-        self.timings[name] = self.timings.get(name, 0.0) + dt
-        self.round_times[name] = self.round_times.get(name, 0.0) + dt
+        self.timings.add(name, dt)
+        self.round_times.add(name, dt)
         return out
 
     def _prefill(self, seqs: list[Sequence]) -> None:
@@ -541,8 +542,8 @@ class Engine:
     def _forward(self, batch: list[Sequence], vin: VerifyInput) -> torch.Tensor:
         logits = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
                                         vin.mask, vin.nodes)  # [R, V]: valid nodes only
-        self.stats["forwards"] += 1
-        self.stats["seqs_in_forwards"] += len(batch)
+        self.stats.forwards += 1
+        self.stats.seqs_in_forwards += len(batch)
         return logits
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
@@ -591,50 +592,60 @@ class Engine:
         return self.verifier(batch, vin, logits, self._draws)
 
     def _commit(self, batch, out: RoundOutput) -> None:
-        trees, vout = out.trees, out.vout
-        accepted, bonus = vout.accepted, vout.bonus.tolist()                      # on the host already
-        slots, src, dst, probed = [], [], [], []
+        """Commit the round: each sequence's accepted path (`_commit_path`), one verdict for auto's
+        drafting, the accepted K/V rows moved onto their final positions, the pages settled."""
+        accepted, bonus = out.vout.accepted, out.vout.bonus.tolist()              # on the host already
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
-        drafted = out.drafted > 0  # else no proposer drafted: none has anything to learn
+        moves: tuple[list, list, list] = ([], [], [])  # slots, from rows, to rows of accepted K/V
+        probed = []                                    # auto sequences that drafted: (seq, choice, tau)
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
             self.consecutive_failures = 0
-            if plain:
-                path = [0]
-            else:
-                path = np.flatnonzero(accepted[b]).tolist()  # node order == depth order on a path
-                for j, i in enumerate(path):
-                    slots.append(s.slot), src.append(s.length + i), dst.append(s.length + j)
-            if drafted:
-                self.proposers[s.method].on_commit(s, trees[b], path)
-            tau = len(path)
-            s.length += tau
-            s.metrics.rounds += 1
-            s.metrics.accept_lengths.append(tau)
+            path = [0] if plain else np.flatnonzero(accepted[b]).tolist()  # node order == depth order
+            for j, i in enumerate(path[1:], 1):
+                moves[0].append(s.slot), moves[1].append(s.length + i), moves[2].append(s.length + j)
             choice = out.choices[b]
-            if choice is not None:  # auto: what it chose and expected, for calibration checks
-                if choice.paths is not None:  # it drafted: calibrate, and the round's verdict covers it
-                    self.adaptive.learn(s, trees[b], path, choice)
-                    probed.append((s, choice, tau))
-                s.metrics.budgets.append(choice.nodes)
-                s.metrics.predicted_taus.append(choice.predicted_tau)
-            if self.round_log is not None:
-                self.round_log.append({"req_id": s.req_id, "tree": trees[b], "path": path, "bonus": bonus[b],
-                                       "tau": tau, "predicted_tau": choice and choice.predicted_tau})
-            self._emit(s, [trees[b].tokens[i] for i in path[1:]] + [bonus[b]])
-        self.adaptive.settle(probed)  # one verdict on the round's drafting for its auto sequences
-        self.runner.move(slots, src, dst)
-        drafter_wrote = out.passed > 0  # only a drafter pass writes its rows
+            if self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0):
+                probed.append((s, choice, len(path)))
+        self.adaptive.settle(probed)
+        self.runner.move(*moves)
+        self._settle_pages(batch, drafter_wrote=out.passed > 0)
+        self.stats.rounds += 1
+
+    def _commit_path(self, s: Sequence, tree: DraftTree, path: list[int], bonus: int, choice: Choice | None,
+                     drafted: bool) -> bool:
+        """One sequence's accepted `path` (node indices, root first) and bonus token: its proposer
+        told (when any sequence drafted), its metrics and auto's calibration updated, its tokens
+        emitted. True when it is an auto sequence that drafted (the round's verdict covers it)."""
+        if drafted:
+            self.proposers[s.method].on_commit(s, tree, path)
+        tau = len(path)
+        s.length += tau
+        s.metrics.rounds += 1
+        s.metrics.accept_lengths.append(tau)
+        probed = choice is not None and choice.paths is not None
+        if probed:
+            self.adaptive.learn(s, tree, path, choice)
+        if choice is not None:  # auto: what it chose and expected, for calibration checks
+            s.metrics.budgets.append(choice.nodes)
+            s.metrics.predicted_taus.append(choice.predicted_tau)
+        if self.round_log is not None:
+            self.round_log.append({"req_id": s.req_id, "tree": tree, "path": path, "bonus": bonus,
+                                   "tau": tau, "predicted_tau": choice and choice.predicted_tau})
+        self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus])
+        return probed
+
+    def _settle_pages(self, batch: list[Sequence], drafter_wrote: bool) -> None:
+        """After the commit: pages past what the next round reserves go back, full pages are named
+        for the prefix cache, and pages whose drafter rows a pass wrote are marked drafted."""
         for s in batch:
-            # rejected nodes' pages go back, past those the next round reserves again anyway
             self.blocks.trim(s.slot, s.length + self._round_rows(s))
-            if self.blocks.unnamed(s.slot, s.length):  # a page filled up: name it (prefix cache)
+            if self.blocks.unnamed(s.slot, s.length):
                 self.blocks.commit(s.slot, s.cache_ids, s.length)
-            rows = self.drafts.cached_rows(s) if drafter_wrote else None
+            rows = self.drafts.cached_rows(s) if drafter_wrote else None  # only a drafter pass writes them
             if rows is not None:
                 self.blocks.drafted(s.slot, rows)
-        self.stats["rounds"] += 1
 
     # ---------------------------------------------------------------- stops and retirement
     def _emit(self, s: Sequence, new: list[int]) -> None:

@@ -8,7 +8,7 @@ for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`, t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -86,9 +86,44 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])
 
 
-# the phases of a step, in order, as `Engine.round_times` names them (seed_costs and budget aside:
+# the phases of a step, in order, as `RoundTimes` names them (seed_costs and budget aside:
 # the auto cost seeding and the budget choice, both rarely more than noise)
 PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
+
+
+@dataclass(slots=True)
+class RoundTimes:
+    """Seconds spent in each phase of an engine step (`Engine.round_times`), or summed over every
+    step (`Engine.timings`). A phase that is not a field raises: a renamed phase cannot silently
+    read as zero."""
+    prefill: float = 0.0
+    seed_costs: float = 0.0
+    draft: float = 0.0
+    tree: float = 0.0
+    budget: float = 0.0
+    pack: float = 0.0
+    verify_forward: float = 0.0
+    verify_walk: float = 0.0
+    commit: float = 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        setattr(self, phase, getattr(self, phase) + seconds)
+
+    def clear(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0.0)
+
+    def as_dict(self) -> dict[str, float]:
+        """The phases that took time, by name (the form the bench's JSON and the trace keep)."""
+        return {f.name: t for f in fields(self) if (t := getattr(self, f.name))}
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """The engine's counters since it was built; the server's metrics and the bench read them."""
+    rounds: int = 0            # committed rounds (steps that decoded)
+    forwards: int = 0          # target verify forwards
+    seqs_in_forwards: int = 0  # sequences in those forwards (their mean batch = this / forwards)
 
 # draw(batch, vin, logits) -> [B, T] the target's draw at every node, on the host (the engine's sampler)
 Draw = Callable[[list, VerifyInput, torch.Tensor], np.ndarray]

@@ -324,8 +324,8 @@ class AsyncEngine:
     def _publish(self, events) -> None:
         now = time.perf_counter()
         stats = self.engine.stats
-        forwards, seqs = stats["forwards"] - self._stats[0], stats["seqs_in_forwards"] - self._stats[1]
-        self._stats = (stats["forwards"], stats["seqs_in_forwards"])
+        forwards, seqs = stats.forwards - self._stats[0], stats.seqs_in_forwards - self._stats[1]
+        self._stats = (stats.forwards, stats.seqs_in_forwards)
         if forwards:
             self.metrics.rounds.inc(forwards)
             self.metrics.batch_size.observe(seqs / forwards)

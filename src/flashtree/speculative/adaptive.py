@@ -46,6 +46,7 @@ import numpy as np
 from .tree import DraftTree
 
 if TYPE_CHECKING:
+    from ..engine.round import RoundTimes
     from ..engine.sequence import RequestMetrics, Sequence
 
 # path log-prob bin edges (ascending); 10 bins: (-inf, -6], (-6, -4], ..., (-0.15, 0]
@@ -57,18 +58,15 @@ PRIOR_HITS = PRIOR_COUNT * np.exp(BIN_CENTRES)  # ... and their pseudo-successes
 EDGES = BIN_EDGES.tolist()
 COST_EMA = 0.2          # weight of a new measurement in the cost table
 PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
-MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (C=8: a probe that
-                        # feeds the drafter ~250 rows a sequence costs ~10 plain rounds; PROBE_LOSS asks ~1,000)
+MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (a probe that feeds
+                        # the drafter a long plain stretch costs many plain rounds)
 PROBE_LOSS = 0.01       # and at least as long as keeps a probe's loss below 1 % of plain decoding's time
-                        # (2 % was most of what auto cost against plain decoding where drafting never pays)
 INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
-                        # greedy ddtree@8, 24 held-out prompts, 661 rounds: tau 4.39 after such a repeat
-                        # (385 rounds) vs 2.14 after none; the target's own confidence did not predict tau
+                        # repeating text is where drafts are accepted (the target's confidence is no guide)
 REPEAT_PRIOR = 1.0      # ... while drafting rounds decided in repeating text gained tokens over plain rounds
-                        # on the whole (this many to start with): at C=1 on a 2-core CPU they win big
-                        # (tau 8 against a break-even of 4) or lose (tau 1-3), so beating plain "half the
-                        # time" probed at a loss (auto 0.95x a never-drafting auto request)
+                        # on the whole (this many to start with): such rounds win big or lose, so the
+                        # credit counts tokens gained, not how often a round beat plain decoding
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -248,18 +246,10 @@ class CostTable:
         worth): each goes through the drafter's context projection and K/V (0 until measured)."""
         return rows * self.context_row_s if rows and self.context_row_s else 0.0
 
-    def overhead(self, batch: int, tokens=1):
-        """The rest of a round of `batch` sequences x `tokens` (a number or an array): a plain
-        round's and a wider one's are measured apart (a wide round packs trees and commits paths;
-        one average made plain rounds look 22 % dearer at C=8: 4.76 ms predicted, 3.9 measured);
-        either stands in for the other until both are measured."""
-        plain, wide = self._overheads(batch)
-        if np.ndim(tokens):
-            return np.where(np.asarray(tokens) > 1, wide, plain)
-        return wide if tokens > 1 else plain
-
-    def _overheads(self, batch: int) -> tuple[float, float]:
-        """overhead(batch, 1) and overhead(batch, >1)."""
+    def overheads(self, batch: int) -> tuple[float, float]:
+        """The rest of a round of `batch` sequences (all but its model calls and walk): a plain
+        round's and a wider one's, measured apart (a wide round packs trees and commits paths, so
+        one average overprices plain rounds); either stands in for the other until both are measured."""
         plain, wide = ({b: s for (b, w), s in self.overhead_s.items() if w == kind} for kind in (False, True))
         if not plain and not wide:
             return 0.0, 0.0
@@ -268,7 +258,7 @@ class CostTable:
     def record_walk(self, batch: int, tokens: int, secs: float) -> None:
         """The verify walk (sampling every row, then the accept walk) of a round: a plain round's
         is the base; a wider one's excess over it, per extra row, is the row cost (with top-p each
-        row is a vocabulary sort: 0.21 ms on a 2-core CPU, more than a row of the forward)."""
+        row is a vocabulary sort, which can cost more than the row's share of the forward)."""
         if tokens == 1:
             self._ema(self.walk_s, batch, secs)
         elif batch in self.walk_s:
@@ -301,35 +291,34 @@ class CostTable:
         verify = line(own, widths) if len(own) >= 2 else self.verify(batch, np.arange(1, top + 1)).tolist()
         base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
         row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
-        plain, wide = self._overheads(batch)
+        plain, wide = self.overheads(batch)
         # verify + walk (base + row per extra row verified) + the overhead (width 1: a plain round's)
         return [math.nan] + [v + base + row * batch * (w - 1) + (plain if w == 1 else wide)
                              for w, v in zip(widths, verify)]
 
-    def observe(self, batch: int, tokens: int, drafted: int, times: dict[str, float], seconds: float,
+    def observe(self, batch: int, tokens: int, drafted: int, times: RoundTimes, seconds: float,
                 caught_up: int = 0) -> None:
         """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
         `seconds` (the step's, less its prefill): the verify forward at its shape; the drafter
         pass and tree build at the number of sequences it drafted (if any) — or, when the pass
         `caught_up` on that many context rows (a prompt, or what was decoded plainly since the
         last drafting round, beyond a block's worth a sequence), what it cost beyond a steady
-        pass, per row (counted as the drafter's cost, a probe at C=1 set it to 2.4-3.9 ms against a
-        steady pass's ~1 and kept auto plain; not counted at all, auto at C=8 re-drafted on stale
-        curves at ~2x the cost it predicted); the sampling walk (it grows with the rows verified);
+        pass, per row (neither the steady pass's cost, which it would inflate, nor nothing, which
+        would underprice the next probe); the sampling walk (it grows with the rows verified);
         and all the rest — packing, commit, scheduling, Python — which a plain round pays too."""
-        if not self.learn or "verify_forward" not in times:
+        if not self.learn:
             return
-        self.record_verify(batch, tokens, times["verify_forward"])
-        draft = times.get("draft", 0.0) + times.get("tree", 0.0)
+        self.record_verify(batch, tokens, times.verify_forward)
+        draft = times.draft + times.tree
         if drafted and not caught_up and drafted not in self._passes_seen:
             self._passes_seen.add(drafted)  # a first pass at a batch size is a cold call (~100x a steady one, eager)
         elif drafted and not caught_up:
             self.record_draft(drafted, draft)
         elif drafted and self.draft_s:
             self.record_catch_up(caught_up, max(draft - self.draft(drafted), 0.0))
-        walk = times.get("verify_walk", 0.0)
+        walk = times.verify_walk
         self.record_walk(batch, tokens, walk)
-        self.record_overhead(batch, tokens, max(seconds - times["verify_forward"] - draft - walk, 0.0))
+        self.record_overhead(batch, tokens, max(seconds - times.verify_forward - draft - walk, 0.0))
 
 
 # -------------------------------------------------------------------------------- the choice
@@ -405,8 +394,7 @@ class AutoState:
     @property
     def undrafted(self) -> int:
         """Rounds since it last drafted: counted by the request's own round count, so a plain
-        round costs the controller no call at all (a `learn` per sequence and round was ~13 of the
-        ~110 us a step that auto's plain rounds cost beyond plain decoding's at T=1, C=8)."""
+        round costs the controller no call at all."""
         return self.metrics.rounds - self.drafted_at
 
     @undrafted.setter
@@ -482,8 +470,8 @@ class AdaptiveBudget:
     def _peers_clock(self, seq: Sequence) -> tuple[int, int] | None:
         """A sequence joining running sequences of its sampling setting that all decode plainly
         starts plain too, on the probe clock of the one that backed off most: its own first
-        drafting round would draft (and verify the widest tree) for the whole batch, and at C=8
-        arrivals came often enough to make auto draft ~97 % of rounds there. Else None."""
+        drafting round would draft (and verify the widest tree) for the whole batch, so frequent
+        arrivals would keep a batch drafting that should decode plainly. Else None."""
         key = setting(seq)
         peers = [st for st in self.states.values() if st.setting == key]
         if not peers or not all(st.prefers_plain for st in peers):
@@ -511,8 +499,7 @@ class AdaptiveBudget:
         # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
         callers = [(s, st) for s, st in zip(seqs, states) if st.prefers_plain and self._credit(st)]
         # those whose n-grams are up to date first: a count that stops early then never reads the
-        # others (catch-ups, mostly newcomers' prompts: ~70 n-grams and ~45 us a call mid-round,
-        # ~0.2 calls a step at C=8, T=1, wrapped timing, before repeats() caught up with zip)
+        # others (catching up is the costly part: a newcomer's whole prompt)
         callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].seen)
         due = not c.measured or not c.draft_s or any(self._due(st) for st in states) \
             or self._repeats_call(callers, batch)
@@ -628,12 +615,10 @@ class AdaptiveBudget:
         half of what it cost over a plain round (tau >= 1 + (break_even - 1) / 2) keeps it; any
         other doubles it, up to MAX_PROBE_GAP (committed outcomes and measured costs only: lossless).
         A gap after a round that did not beat plain decoding is also at least the probe's loss in
-        plain rounds (break_even - tau) / PROBE_LOSS: at C=8 on a 2-core CPU a probe costs ~3.9
-        plain rounds and commits ~3 tokens, "half paid", and a probe every 8th round cost ~12 %.
-        Resetting on half-paid rounds let one lucky T=1 probe in four bring back a probe every
-        8th round. One verdict per sequence let any one of eight T=1 sequences that
-        accepted a node keep the whole batch probing every 8th round; one gap per sequence made
-        the batch probe whenever the first of them was due. A sequence's first drafted round gives
+        plain rounds (break_even - tau) / PROBE_LOSS, so a batch whose probes commit a little more
+        than a plain round but less than they cost probes rarely. The verdict and the gap are the
+        batch's, not each sequence's: one lucky sequence cannot keep the whole batch probing, and
+        the batch does not probe whenever its first member is due. A sequence's first drafted round gives
         it no verdict (its acceptance is not yet what it will be) unless it started on plain rounds
         with a passed-on probe clock (see release): then its first probe comes mid-text. What the
         round gained over plain decoding (mean tau - break_even) counts, per regime, for the

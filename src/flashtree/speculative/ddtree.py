@@ -5,6 +5,7 @@ drafter pass."""
 from __future__ import annotations
 
 from .dflash import DFlash
+from .proposer import DraftShape
 from .tree import DraftOutput, DraftTree, build_ddtree
 
 
@@ -12,7 +13,7 @@ class DDTree(DFlash):
     name = "ddtree"
     options = ("budget", "topk", "block_size")
 
-    def configure(self, block_size, budget, topk, options) -> dict:
+    def configure(self, block_size, budget, topk, options) -> DraftShape:
         lim = self.limits
         bs = lim.block_size_of(block_size)
         bud = lim.budget_of(budget)
@@ -20,7 +21,7 @@ class DDTree(DFlash):
         # the engine's default cap never exceeds this request's budget; a request's own is checked
         cap = lim.check_topk(topk, nodes) if topk is not None else \
             (min(lim.default_topk, nodes) if lim.default_topk is not None else None)
-        return {"block_size": bs, "budget": nodes, "topk": cap, "options": {}, "auto": bud == "auto"}
+        return DraftShape(block_size=bs, budget=nodes, topk=cap, auto=bud == "auto")
 
     def ranks(self, seq) -> int:
         return seq.budget

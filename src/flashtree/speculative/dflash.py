@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..models import cpu_dense
-from .proposer import Proposer, ProposerContext
+from .proposer import DraftShape, Proposer, ProposerContext
 from .tree import DraftOutput, DraftTree, chain_tree
 
 if TYPE_CHECKING:
@@ -151,9 +151,9 @@ class DFlash(Proposer):
         if given.drafts is None:
             raise ValueError(f"method '{self.name}' needs the drafter pass")
 
-    def configure(self, block_size, budget, topk, options) -> dict:
+    def configure(self, block_size, budget, topk, options) -> DraftShape:
         bs = self.limits.block_size_of(block_size)
-        return {"block_size": bs, "budget": bs - 1, "topk": None, "options": {}}  # a chain uses every slot
+        return DraftShape(block_size=bs, budget=bs - 1)  # a chain uses every slot
 
     def ranks(self, seq: Sequence) -> int:
         """Top-k width of the draft this method needs per depth."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import RequestError
 from .ddtree import DDTree
+from .proposer import DraftShape
 from .ngram import check_ngram, ngram_match
 from .tree import DraftOutput, DraftTree
 
@@ -82,14 +83,14 @@ class Hybrid(DDTree):
         self.rate: dict = {}   # seq -> [hits, trials] of its n-gram nodes
         self.copies: dict = {}  # seq -> its n-gram chain of this round (what on_commit calibrates on)
 
-    def configure(self, block_size, budget, topk, options) -> dict:
+    def configure(self, block_size, budget, topk, options) -> DraftShape:
         lim = self.limits
         bs = lim.block_size_of(block_size)
         bud = lim.budget_of(budget)
         mx, mn = options.get("max_ngram", lim.max_ngram), options.get("min_ngram", lim.min_ngram)
         check_ngram(mx, mn, 1, 1, error=lambda m: RequestError(m, "speculative"))
-        return {"block_size": bs, "budget": lim.nodes_of(bud), "topk": None, "auto": bud == "auto",
-                "options": {"max_ngram": mx, "min_ngram": mn}}
+        return DraftShape(block_size=bs, budget=lim.nodes_of(bud), auto=bud == "auto",
+                          options={"max_ngram": mx, "min_ngram": mn})
 
     def _copy(self, seq, depth: int) -> list[int]:
         o = seq.options

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import RequestError, UserError
 from .adaptive import choose_tokens
-from .proposer import Proposer
+from .proposer import DraftShape, Proposer
 from .tree import DraftTree, chain_tree
 
 MAX_NGRAM = 64
@@ -102,12 +102,12 @@ class NGram(Proposer):
         check_ngram(c.max_ngram, c.min_ngram, c.draft_len, self.max_draft)
         self.accepted: dict = {}  # Sequence -> Acceptance
 
-    def configure(self, block_size, budget, topk, options) -> dict:
+    def configure(self, block_size, budget, topk, options) -> DraftShape:
         c = self.limits
         mx, mn = options.get("max_ngram", c.max_ngram), options.get("min_ngram", c.min_ngram)
         dl = options.get("draft_len", c.draft_len)
         check_ngram(mx, mn, dl, self.max_draft, error=lambda m: RequestError(m, "speculative"))
-        return {"block_size": dl + 1, "budget": dl, "topk": None, "options": {"max_ngram": mx, "min_ngram": mn}}
+        return DraftShape(block_size=dl + 1, budget=dl, options={"max_ngram": mx, "min_ngram": mn})
 
     def draft(self, seqs, depths) -> list:
         conts = [ngram_match(s.prompt_ids + s.output_ids, s.options["max_ngram"], s.options["min_ngram"], depth)

@@ -12,7 +12,7 @@ schema, the CLI choices, `bench`, `env` and the error messages all read `METHODS
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from .limits import RequestLimits
@@ -40,6 +40,17 @@ OPTION_MEANING = {"budget": "the draft tree's size", "topk": "the most children 
 
 
 @dataclass(frozen=True, slots=True)
+class DraftShape:
+    """A request's drafting settings as its method resolved them (`Proposer.configure`), the
+    fields the engine gives its `Sequence`."""
+    block_size: int = 1         # deepest draft + 1 (1: plain decoding)
+    budget: int = 0             # draft nodes a round (0: plain decoding)
+    topk: int | None = None     # most children per tree node (None: no cap)
+    auto: bool = False          # budget="auto": each round verifies a chosen prefix of its tree
+    options: dict = field(default_factory=dict)  # method-specific settings (ngram's n-gram sizes)
+
+
+@dataclass(frozen=True, slots=True)
 class ProposerContext:
     """What the engine gives its proposers: the limits requests are checked against, auto's
     measured costs (`adaptive.costs`, read when used: ngram sizes its copies by them) and the one
@@ -62,10 +73,10 @@ class Proposer:
         self.limits, self.adaptive, self.drafter_pass = given.limits, given.adaptive, given.drafts
 
     def configure(self, block_size: int | None, budget: int | None, topk: int | None,
-                  options: dict) -> dict:
-        """Validate a request's options (only those in `options` reach here) and return its
-        `Sequence` fields: block_size (deepest draft + 1), budget (nodes), topk, options."""
-        return {"block_size": 1, "budget": 0, "topk": None, "options": {}}
+                  options: dict) -> DraftShape:
+        """Validate a request's options (only those in `options` reach here) and resolve its
+        drafting settings."""
+        return DraftShape()
 
     def prepare(self, seqs: list[Sequence]) -> None:
         """Called for every method's sequences before any `draft` of the round, so methods sharing
