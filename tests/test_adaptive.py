@@ -16,7 +16,7 @@ from flashtree.commands.generate import budget_arg
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
 from flashtree.engine.round import RoundTimes
 from flashtree.errors import UserError
-from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
+from flashtree.measure.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
 from flashtree.server.app import create_app
 from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable, choose_tokens, tau_curve,
                                             path_logprobs, prefix)

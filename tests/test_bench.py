@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flashtree.benchmarking import (BenchPlan, ComponentCosts, Config, Pass, component_costs, pass_order, portable_path,
+from flashtree.measure.bench import (BenchPlan, ComponentCosts, Config, Pass, component_costs, pass_order, portable_path,
                                     slices, summarize_group)
 from flashtree.cli import main
 
@@ -222,7 +222,7 @@ def test_bench_speculative_methods_need_a_drafter(pair, capsys):
 
 
 def test_tree_size_of_a_capped_tree():
-    from flashtree.benchmarking import tree_size
+    from flashtree.measure.bench import tree_size
     assert tree_size(Config("ddtree", 16), 8) == 17
     assert tree_size(Config("ddtree", 16, 1), 8) == 8      # a chain: one node per depth
     assert tree_size(Config("ddtree", 7, 1), 8) == 8
@@ -325,7 +325,7 @@ def test_the_pooled_interval_tells_a_one_percent_cost_from_the_machines_drift():
     do) with 0.5 % noise of their own: a configuration 1 % slower is told apart (the interval lies
     below 1), an equal one is not (it covers 1) — the check the bench's `pooled [95%]` column makes."""
     import numpy as np
-    from flashtree.benchmarking import Pass, pooled_ratio
+    from flashtree.measure.bench import Pass, pooled_ratio
     rng = np.random.default_rng(3)
 
     def passes(speeds, cost):  # 5 repeats of 16 slices, 128 tokens each

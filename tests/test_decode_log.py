@@ -18,7 +18,7 @@ import pytest
 
 from flashtree import LLM
 from flashtree.cli import main
-from flashtree.exactness import target_drafts
+from flashtree.measure.exactness import target_drafts
 from flashtree.engine.block_manager import BlockManager
 from flashtree.server.app import create_app
 from flashtree.server.logs import DecodeBatchLog, JsonFormatter, configure_logging

@@ -7,7 +7,7 @@ import pytest
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
-from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
+from flashtree.measure.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
 from helpers import repetitive_prompts

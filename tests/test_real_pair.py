@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from flashtree import LLM, SamplingParams
-from flashtree.exactness import position_check, wrong_temperature
+from flashtree.measure.exactness import position_check, wrong_temperature
 from flashtree.models.registry import MODELS
 
 REAL = MODELS["smollm2-135m-instruct"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flashtree import LLM, SamplingParams
-from flashtree.exactness import target_drafts
+from flashtree.measure.exactness import target_drafts
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

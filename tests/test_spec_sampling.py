@@ -20,7 +20,7 @@ import pytest
 from helpers import pin
 
 from flashtree import SamplingParams
-from flashtree.exactness import (NEGATIVE_CONTROLS, P_MIN, Cell, check_cell, compare_with_plain,
+from flashtree.measure.exactness import (NEGATIVE_CONTROLS, P_MIN, Cell, check_cell, compare_with_plain,
                                  exact_distribution, grid, tiny_pair, total_variation)
 
 PROMPT = [1, 2, 3]

@@ -144,7 +144,7 @@ def test_the_engine_default_cap_applies_and_a_request_overrides_it(tiny_pair):
 def test_target_drafts_walk_deep_under_a_cap():
     """Drafts that are the target's own greedy chain are accepted deep: the cap keeps the walk exact."""
     from flashtree.engine.engine import Engine, EngineConfig
-    from flashtree.exactness import target_drafts, tiny_pair
+    from flashtree.measure.exactness import target_drafts, tiny_pair
     target, drafter = tiny_pair(vocab=8, block_size=4)
     outs = {}
     for method, topk in (("ar", None), ("ddtree", 1), ("ddtree", 2)):

@@ -3,8 +3,8 @@ peers on the same weights (transformers; llama.cpp for a GGUF model, with the `p
 prints a table — tok/s, tau and whether the output is exact, per temperature — writes
 bench.json, report.md and PNGs; exit code 1 if a cell is not exact.
 
-Argument handling only; measurement, the bound and the plots live in `benchmarking.py`, the peers
-in `peers.py`.
+Argument handling only; measurement, the bound and the plots live in `measure/bench.py`, the peers
+in `measure/peers.py`.
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def _named_with_drafter(model: str) -> bool:
 
 
 def plan_from_args(args):
-    from ..benchmarking import BenchPlan
+    from ..measure.bench import BenchPlan
     methods = args.methods or ([args.method] if args.method else list(METHODS))
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -140,7 +140,7 @@ def plan_from_args(args):
 
 def portable_command(argv: list[str]) -> str:
     """The command line as typed, with absolute paths made portable (no machine paths in reports)."""
-    from ..benchmarking import portable_path
+    from ..measure.bench import portable_path
     def one(a: str) -> str:
         flag, eq, value = a.partition("=")
         if eq and flag.startswith("--") and os.path.isabs(value):
@@ -152,8 +152,8 @@ def portable_command(argv: list[str]) -> str:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from .. import benchmarking as bm
-    from .. import peers as pe
+    from ..measure import bench as bm
+    from ..measure import peers as pe
     from ..models.registry import resolve
     from ..train.corpus import PROMPTS_FILE, load_prompts
     from . import env

@@ -1,7 +1,7 @@
 """`flashtree trace PROMPT --out trace.html`: generate once with the round log on and write a
 self-contained page of every round's draft tree, accepted path, bonus token, τ and timings.
 
-Argument handling and the run only; the page is rendered by `trace_html.py`.
+Argument handling and the run only; the page is rendered by `measure/trace_html.py`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..trace_html import TraceMeta, render
+    from ..measure.trace_html import TraceMeta, render
 
     params = sampling_params(args)  # validate before loading anything
     llm = load_llm(args)

@@ -49,7 +49,7 @@ def _row(cell) -> dict:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from ..exactness import FILTERS, NEGATIVE_CONTROLS, Cell, check_cell, grid, tiny_pair
+    from ..measure.exactness import FILTERS, NEGATIVE_CONTROLS, Cell, check_cell, grid, tiny_pair
     from ..sampling_params import SamplingParams
     temps = tuple(float(t) for t in args.temperatures.split(","))
     filters = tuple(f.strip() for f in args.filters.split(","))
@@ -108,7 +108,7 @@ def run(args) -> int:
                   f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.notes['mean_accept_length']:.2f}")
     if args.pair:
         from ..llm import LLM
-        from ..exactness import compare_with_plain
+        from ..measure.exactness import compare_with_plain
         llm = LLM(model=args.model, draft=args.draft, max_batch_size=64)
         for row in compare_with_plain(llm, n=args.pair_samples):
             report["pair"].append(row)

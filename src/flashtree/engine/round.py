@@ -128,7 +128,7 @@ class EngineStats:
 # draw(batch, vin, logits) -> [B, T] the target's draw at every node, on the host (the engine's sampler)
 Draw = Callable[[list, VerifyInput, torch.Tensor], np.ndarray]
 # verifier(batch, vin, logits [rows, V], draw) -> VerifyOutput: the engine's `verifier` seam (a test's
-# wrong verifier, or a negative control of `exactness.py`, goes there and must be caught)
+# wrong verifier, or a negative control of `measure/exactness.py`, goes there and must be caught)
 Verifier = Callable[[list, VerifyInput, torch.Tensor, Draw], VerifyOutput]
 
 

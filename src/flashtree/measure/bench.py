@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from .engine.round import PHASES
-from .engine.sequence import tau_histogram
-from .errors import UserError
-from .sampling_params import SamplingParams
-from .speculative.proposer import METHODS, needs_drafter, proposer_class
+from ..engine.round import PHASES
+from ..engine.sequence import tau_histogram
+from ..errors import UserError
+from ..sampling_params import SamplingParams
+from ..speculative.proposer import METHODS, needs_drafter, proposer_class
 
 if TYPE_CHECKING:  # peers.py builds on Pass: imported for the annotations only
     from .peers import Peer, PeerRun
@@ -180,7 +180,7 @@ class BenchPlan:
 
 def nodes(budget: int | str) -> int:
     """The most draft nodes a tree of this budget holds ("auto": the largest it may choose)."""
-    from .engine.engine import AUTO_MAX_BUDGET
+    from ..engine.engine import AUTO_MAX_BUDGET
     return AUTO_MAX_BUDGET if budget == "auto" else budget
 
 
@@ -192,7 +192,7 @@ def portable_path(path: str | Path) -> str:
     """A path fit for a shared report: the package's own files as flashtree/..., files under the
     working directory relative to it, anything else as .../parent/name (never a machine path)."""
     p = Path(path).resolve()
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # the flashtree package
     if p.is_relative_to(pkg):
         return str(Path("flashtree") / p.relative_to(pkg))
     cwd = Path.cwd().resolve()
@@ -278,9 +278,9 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     plain decoding), and each speculative config's drafter pass over round(tau) new context
     features. Uses the engine's model runner and drafter pass (`engine.drafts`) on temporary cache slots; the engine's
     state and counters are left as they were."""
-    from .engine.round import pack_trees
-    from .engine.sequence import Sequence
-    from .speculative.tree import chain_tree
+    from ..engine.round import pack_trees
+    from ..engine.sequence import Sequence
+    from ..speculative.tree import chain_tree
 
     eng = llm.engine
     block_size = eng.limits.default_block_size

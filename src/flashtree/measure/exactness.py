@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .config import DrafterConfig, ModelConfig
-from .engine.engine import AUTO_MAX_BUDGET, Engine, EngineConfig
-from .speculative.tree import DraftOutput
-from .models.drafter import DFlashDrafter
-from .models.target import TargetModel
-from .sampling import logits_to_probs
-from .sampling_params import SamplingParams
-from .speculative.adaptive import CostTable
-from .engine.round import verify_round
-from .speculative.verify import verify_tree
+from ..config import DrafterConfig, ModelConfig
+from ..engine.engine import AUTO_MAX_BUDGET, Engine, EngineConfig
+from ..speculative.tree import DraftOutput
+from ..models.drafter import DFlashDrafter
+from ..models.target import TargetModel
+from ..sampling import logits_to_probs
+from ..sampling_params import SamplingParams
+from ..speculative.adaptive import CostTable
+from ..engine.round import verify_round
+from ..speculative.verify import verify_tree
 
 
 def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.float64):

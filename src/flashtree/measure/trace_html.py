@@ -13,9 +13,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from .engine.round import PHASES
-from .engine.sequence import tau_histogram
-from .speculative.proposer import METHODS, proposer_class
+from ..engine.round import PHASES
+from ..engine.sequence import tau_histogram
+from ..speculative.proposer import METHODS, proposer_class
 
 COL_W, ROW_H, NODE_W, NODE_H, PAD = 118, 34, 104, 26, 10
 

@@ -20,9 +20,9 @@ from typing import Protocol
 
 import torch
 
-from .benchmarking import Pass
-from .errors import UserError
-from .sampling_params import SamplingParams
+from .bench import Pass
+from ..errors import UserError
+from ..sampling_params import SamplingParams
 
 ENGINES = ("hf", "llama.cpp")  # the names --peers takes
 LLAMA_CPP_WEIGHTS = ("f32", "bf16", "f16", "file")  # "file": the GGUF as it is (e.g. Q4_1)
@@ -70,7 +70,7 @@ def choose_peers(requested: list[str] | None, model_dir: str | Path) -> PeerChoi
     """requested: --peers' engines (None: every one that applies; []: none). llama.cpp applies to
     a model converted from a GGUF file (a .gguf path, or a name such as smollm2-135m-instruct);
     asked for by name, a peer that cannot run is an error, by default a line in `skipped`."""
-    from .models.gguf import gguf_source
+    from ..models.gguf import gguf_source
     explicit = requested is not None
     names = list(dict.fromkeys(requested if explicit else ENGINES))
     bad = [n for n in names if n not in ENGINES]
@@ -162,7 +162,7 @@ UNQUANTIZED = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}  # --llam
 def llama_cpp_files(source: Path, weights: tuple[str, ...]) -> dict[str, Path]:
     """weight type -> the GGUF file llama.cpp reads: `source` itself for "file", else its weights
     rewritten unquantized (cached). One file per type: a source already F32 is not rewritten as F32."""
-    from .models.gguf import cached_requantization, weight_type
+    from ..models.gguf import cached_requantization, weight_type
     files = {}
     for w in weights:
         path = source if w == "file" else cached_requantization(source, UNQUANTIZED[w])
