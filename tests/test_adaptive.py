@@ -136,14 +136,14 @@ def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
     an auto request joining later would draft on it)."""
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ngram", max_batch_size=4, max_model_len=128))
-    for t in (1, 2, 4, 8, 16):  # a flat verify cost (still learning): every chain is worth verifying whole
-        eng.adaptive.costs.record_verify(4, t, 1e-3)
+    # a flat verify cost, still learning (every chain is worth verifying whole), and a drafter pass's
+    eng.adaptive.costs = costs = table(lambda b, t: 1e-3, batches=(4,), widths=(1, 2, 4, 8, 16), draft=2e-3)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     seqs = [eng.add_request(p, params) for p in repetitive_prompts(8)]
     while eng.has_work():
         eng.step()
     assert sum(t > 1 for s in seqs for t in s.metrics.accept_lengths) > 5  # chains drafted and accepted
-    assert eng.adaptive.costs.verify_s and not eng.adaptive.costs.draft_s  # rounds timed; no pass among them
+    assert len(costs.verify_s) > 5 and costs.draft_s == {4: 2e-3}  # rounds timed; no drafter pass among them
 
 
 def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_cost(models):

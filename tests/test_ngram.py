@@ -249,6 +249,26 @@ def test_ngram_chains_are_cut_to_what_pays_under_the_measured_costs(models):
     assert dear_wide <= 1 and max(dear_taus) == 1    # (a wide forward is any prefill chunk too)
 
 
+def test_ngram_alone_seeds_the_costs_it_sizes_its_chains_by(models):
+    """An engine serving only ngram requests times wide forwards for the cost table it sizes its
+    chains by: unmeasured, a T-token forward is priced as T one-token steps, under which a copied
+    chain never pays, so ngram would never draft and never measure one."""
+    target, _ = models
+    eng = Engine(target, None, EngineConfig(method="ngram", max_batch_size=8, max_model_len=160))  # free slots to time on
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for p in repetitive_prompts(4):
+        eng.add_request(p, params)
+    while eng.has_work():
+        eng.step()
+    widths = {t for (_, t) in eng.adaptive.costs.verify_s}
+    assert widths > {1} and max(widths) >= 8, widths
+    plain = Engine(target, None, EngineConfig(method="ar", max_batch_size=8, max_model_len=160))
+    plain.add_request(repetitive_prompts(1)[0], params)
+    while plain.has_work():
+        plain.step()
+    assert {t for (_, t) in plain.adaptive.costs.verify_s} == {1}  # plain decoding seeds nothing
+
+
 def test_acceptance_learns_and_forgets():
     a = Acceptance()
     assert a.rate(0) == 0.5                          # the prior

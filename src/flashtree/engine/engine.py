@@ -393,18 +393,24 @@ class Engine:
         """Context rows a drafter pass for `seqs` would catch up on (see `beyond_blocks`)."""
         return 0 if self.drafts is None else beyond_blocks(seqs, self.drafts.pending_rows)
 
+    def _uses_costs(self, s: Sequence) -> bool:
+        """Whether s decides from auto's measured costs: budget="auto", or a method that sizes its
+        drafts by them (ngram). Until they are measured, a wider forward is priced as that many
+        one-token steps, so such a sequence would never draft."""
+        return s.auto or self.proposers[s.method].sized_by_costs
+
     def _seed_costs(self, prefilling: bool) -> None:
-        """Once the first auto sequence is in: time real forwards for auto's cost table on free
-        slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one forward a
-        step in steps that prefill nothing, so the streams decoding never wait long on it."""
+        """Once the first sequence that uses costs is in: time real forwards for auto's cost table
+        on free slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one
+        forward a step in steps that prefill nothing, so the streams decoding never wait long on it."""
         costs = self.adaptive.costs
         if self.seeder is None:
-            if not costs.learn or costs.draft_s or not any(s.auto for s in self.running):
+            if not costs.learn or costs.draft_s or not any(self._uses_costs(s) for s in self.running):
                 return
             self.seeder = CostSeeder(self, costs)
         if self.seeder.done:
             return
-        others_decoding = any(s.decoding and not s.auto for s in self.running)
+        others_decoding = any(s.decoding and not self._uses_costs(s) for s in self.running)
         if prefilling and others_decoding:
             return
         self._timed("seed_costs", self.seeder.step, not others_decoding)

@@ -91,6 +91,7 @@ def check_ngram(max_ngram, min_ngram, draft_len, max_draft: int, error=UserError
 
 class NGram(Proposer):
     name = "ngram"
+    sized_by_costs = True
     options = ("max_ngram", "min_ngram", "draft_len")
     drafts = "copies one chain from the context (set its length with draft_len)"
     summary = "prompt lookup needs only the target"

@@ -65,6 +65,7 @@ class Proposer:
     per-sequence state lives in dicts keyed by the `Sequence` (freed in `release`)."""
     name: ClassVar[str]
     needs_drafter: ClassVar[bool] = False
+    sized_by_costs: ClassVar[bool] = False     # it sizes its drafts by auto's measured costs (seeded for it)
     options: ClassVar[tuple[str, ...]] = ()    # per-request options it takes (others are refused)
     drafts: ClassVar[str] = "drafts nothing"   # how it drafts, for the messages that refuse an option
     summary: ClassVar[str] = ""                # one line for `env` and the docs
