@@ -149,3 +149,16 @@ def test_env_says_when_the_kv_cache_cannot_hold_one_sequence(pair, capsys):
     target, draft = pair
     kv = env_json(capsys, "--model", target, "--draft", draft, "--kv-cache-tokens", 100)["kv_cache"]
     assert "kv_cache_tokens=100 cannot hold one sequence" in kv["error"]
+
+
+def test_bf16_projections_take_amx_tiles_unless_turned_off(monkeypatch):
+    """The bf16 kernel's path as `env` reports it: AMX tiles where the CPU has them (a verify of
+    many rows then streams the weights once), vdpbf16ps with FLASHTREE_AMX=0 or without AMX."""
+    from flashtree.models import cpu_dense
+    monkeypatch.setattr(cpu_dense, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}))
+    monkeypatch.delenv("FLASHTREE_AMX", raising=False)
+    assert cpu_dense.bf16_path().startswith("AMX tiles")
+    monkeypatch.setenv("FLASHTREE_AMX", "0")
+    assert cpu_dense.bf16_path() == "vdpbf16ps dot products"
+    monkeypatch.setattr(cpu_dense, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert cpu_dense.bf16_path() is None

@@ -200,8 +200,11 @@ def cpu_projection_kernel(device: str) -> dict:
         return {"used": False, "why": cpu_dense.why_unavailable()}
     x, w = torch.randn(9, 64), torch.randn(40, 64)
     ok = torch.allclose(cpu_dense.dense(x, w, cpu_dense.pack(w), None), F.linear(x, w), rtol=1e-4, atol=1e-4)
-    return {"used": ok, "why": "float32 projections of up to %d rows (AVX2/FMA)" % cpu_dense.MAX_ROWS if ok
-            else "built, but its result disagreed with F.linear: not used by this report's check"}
+    if not ok:
+        return {"used": False, "why": "built, but its result disagreed with F.linear: not used by this report's check"}
+    bf16 = cpu_dense.bf16_path()
+    return {"used": True, "why": "float32 projections of up to %d rows (AVX2/FMA)" % cpu_dense.MAX_ROWS
+            + (f"; bfloat16 ones on {bf16}" if bf16 else "")}
 
 
 SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")

@@ -81,6 +81,16 @@ def bf16_dot() -> bool:
     return {"avx512f", "avx512_bf16"} <= (cpu_flags() or frozenset())
 
 
+def bf16_path() -> str | None:
+    """How bf16 projections multiply here (`cpu_dense_bf16.cpp`'s rule): AMX tiles on CPUs with
+    amx_bf16 unless FLASHTREE_AMX=0 (and the OS grants the tile state), else vdpbf16ps dot
+    products with AVX512-BF16; None without either."""
+    flags = cpu_flags() or frozenset()
+    if {"amx_tile", "amx_bf16"} <= flags and os.environ.get("FLASHTREE_AMX", "").strip() != "0":
+        return "AMX tiles (FLASHTREE_AMX=0: vdpbf16ps dot products)"
+    return "vdpbf16ps dot products" if bf16_dot() else None
+
+
 def _why_not() -> str | None:
     """Why the kernel cannot be used here, or None when it can be built."""
     if os.environ.get("FLASHTREE_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off"):

@@ -125,13 +125,13 @@ struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
   uint8_t rows[16] = {};
 };
 
-// AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it), and
-// asked for by FLASHTREE_AMX=1: on the loaded 2-core VM where it was written its timings swung
-// 10-100x between runs, so it stays opt-in until measured on a quiet machine.
+// AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it),
+// unless FLASHTREE_AMX=0. A one-row call costs what vdpbf16ps's does, and a 17-row verify streams
+// the weights once instead of being compute-bound from ~4 rows (benchmarks/xeon_amx_2026-12-04).
 bool amx_ready() {
   static const bool ok = [] {
     const char* want = std::getenv("FLASHTREE_AMX");
-    if (want == nullptr || std::strcmp(want, "1") != 0) return false;
+    if (want != nullptr && std::strcmp(want, "0") == 0) return false;
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
