@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -81,9 +82,14 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def _vec_isa() -> str:
-    from torch._inductor import cpu_vec_isa
-    return str(cpu_vec_isa.pick_vec_isa())
+    """The CPU's vector ISA, for the cache key: torch's dispatch capability and the CPU's flags.
+    (Inductor's own `pick_vec_isa` compiles test programs: ~0.6 s of every load.)"""
+    from ..models.cpu_dense import cpu_flags
+    flags = ",".join(sorted(cpu_flags() or ()))
+    return f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}-" \
+           f"{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
 class _Exported(torch.nn.Module):
