@@ -516,13 +516,17 @@ def pooled_ratio(passes: list[Pass], baseline: list[Pass], draws: int = 4000,
              for a_s, a_t, b_s, b_t in zip(p.slice_seconds, p.slice_tokens, b.slice_seconds, b.slice_tokens)]
     if not pairs:
         return None
-    a_s, a_t, b_s, b_t = (np.asarray(col, dtype=float) for col in zip(*pairs))  # [S] each
+    from scipy.stats import bootstrap
+    cols = tuple(np.asarray(col, dtype=float) for col in zip(*pairs))  # a_s, a_t, b_s, b_t: [S] each
 
-    def ratio(idx):  # (tokens / seconds) over (tokens / seconds), summed over the slices idx ([..., S])
-        return (a_t[idx].sum(-1) / a_s[idx].sum(-1)) / (b_t[idx].sum(-1) / b_s[idx].sum(-1))
-    boot = ratio(np.random.default_rng(seed).integers(0, len(pairs), size=(draws, len(pairs))))
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(ratio(np.arange(len(pairs)))), float(lo), float(hi)
+    def ratio(a_s, a_t, b_s, b_t, axis=-1):  # (tokens / seconds) over (tokens / seconds), slices summed
+        return (a_t.sum(axis) / a_s.sum(axis)) / (b_t.sum(axis) / b_s.sum(axis))
+    r = float(ratio(*cols))
+    if len(pairs) < 2:  # one pair: every resample is that pair
+        return r, r, r
+    ci = bootstrap(cols, ratio, paired=True, vectorized=True, n_resamples=draws, method="percentile",
+                   confidence_level=0.95, rng=np.random.default_rng(seed)).confidence_interval
+    return r, float(ci.low), float(ci.high)
 
 
 def summarize_group(runs: dict[Config, list[Pass]], temp: float, conc: int, block_size: int,
