@@ -82,9 +82,10 @@ def bf16_dot() -> bool:
 
 
 def bf16_path() -> str | None:
-    """How bf16 projections multiply here (`cpu_dense_bf16.cpp`'s rule): AMX tiles on CPUs with
-    amx_bf16 unless FLASHTREE_AMX=0 (and the OS grants the tile state), else vdpbf16ps dot
-    products with AVX512-BF16; None without either."""
+    """How bf16 projections multiply here, by `cpu_dense_bf16.cpp`'s rule: AMX tiles on CPUs with
+    amx_bf16 unless FLASHTREE_AMX=0, else vdpbf16ps dot products with AVX512-BF16; None without
+    either. (The kernel also needs the OS to grant the tile state, which this does not ask: where
+    Linux refuses it, the kernel takes the dot products although this says tiles.)"""
     flags = cpu_flags() or frozenset()
     if {"amx_tile", "amx_bf16"} <= flags and os.environ.get("FLASHTREE_AMX", "").strip() != "0":
         return "AMX tiles (FLASHTREE_AMX=0: vdpbf16ps dot products)"
