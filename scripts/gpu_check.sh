@@ -3,20 +3,25 @@
 #   1. the CUDA-marked tests: greedy dflash/ddtree == ar on the GPU, eager and compiled, fp32 and bf16,
 #      and the CUDA-graph capture probe of `flashtree env`;
 #   2. a bench of the eager vs the compiled runner (interleaved) on a random ~0.5 B qwen3 target with a
-#      random drafter: costs only (tau is meaningless on random weights).
-# Without CUDA it says so and exits 0. Usage: scripts/gpu_check.sh [OUT_DIR]
-set -euo pipefail
+#      random drafter: costs only (tau is meaningless on random weights);
+#   3. every method on the bundled tiny-code pair with device and dtype "auto" (eager: compiling it
+#      takes minutes there), greedy and sampled, with the chi-square exactness column for T=1.
+# Without CUDA it says so and exits 0. Runs from a bare checkout too (a machine whose torch is not the
+# pinned one, without `pip install`): then it puts src/ on the path. Usage: scripts/gpu_check.sh [OUT_DIR]
+set -uo pipefail  # every part runs; the exit status says whether any failed
+failed=0
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python
 OUT=${1:-${OUT:-gpu-check}}
+"$PY" -c "import flashtree" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing to check"
   exit 0
 fi
 mkdir -p "$OUT"
 "$PY" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
-timeout 300 "$PY" -m pytest -q -m gpu tests/test_cuda.py tests/test_env.py 2>&1 | tee "$OUT/tests.txt"
+timeout 300 "$PY" -m pytest -q -m gpu tests/test_cuda.py tests/test_env.py 2>&1 | tee "$OUT/tests.txt" || failed=1
 timeout 240 "$PY" - "$OUT" <<'PY' 2>&1 | tee "$OUT/bench.txt"
 import sys, subprocess
 from pathlib import Path
@@ -39,4 +44,10 @@ subprocess.run([sys.executable, "-m", "flashtree.cli", "bench", "--model", str(o
                 "--no-peers", "--exact-samples", "0", "--compile-modes", "eager,compiled", "--out", str(out / "bench")],
                check=True)
 PY
-echo "gpu_check: done; results in $OUT"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+timeout 150 "$PY" -m flashtree.cli bench --model tiny-code --device auto --dtype auto --no-compile \
+  --methods ngram,dflash,ddtree,hybrid --budgets 8 --temperatures 0,1 --num-prompts 4 --max-tokens 48 --repeats 1 \
+  --no-peers --exact-samples 500 \
+  --out "$OUT/tiny" 2>&1 | tee "$OUT/tiny.txt" || failed=1
+echo "gpu_check: done; results in $OUT; $([ $failed = 0 ] && echo 'all parts passed' || echo 'A PART FAILED')"
+exit $failed

@@ -8,7 +8,7 @@ import torch
 
 from flashtree.config import DrafterConfig, ModelConfig
 from flashtree.models.drafter import DFlashDrafter
-from flashtree.models.loader import save_module
+from flashtree.models.loader import load_target, save_module
 from flashtree.speculative.adaptive import CostTable
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -110,3 +110,16 @@ def pin(fn, draft=3e-4, batches=(1, 2, 4, 512)):
     def patch(eng):
         eng.adaptive.costs = cost_table(fn, batches, draft=draft, learn=False)
     return patch
+
+
+def near_tie_gap(model, prompt: list[int], a: list[int], b: list[int]) -> float:
+    """The float64 logit gap between the two tokens where greedy outputs a and b first differ.
+
+    Two greedy runs in one float dtype may part where the best two logits tie to within rounding
+    (a verify of T rows sums in another order than a one-row step); a small gap says that is all."""
+    i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+    target = load_target(model, dtype="float64", device="cpu")
+    ids = torch.tensor([prompt + a[:i]])
+    with torch.no_grad():
+        logits = target.logits(target(ids, torch.arange(ids.shape[1])[None])[0][0, -1])
+    return abs(float(logits[a[i]] - logits[b[i]]))

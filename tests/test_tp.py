@@ -23,8 +23,7 @@ import torch.distributed as dist
 from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import EngineFailure
 from flashtree.errors import UserError
-from flashtree.models.loader import load_target
-from helpers import make_drafter, make_hf_target, write_tokenizer
+from helpers import make_drafter, make_hf_target, near_tie_gap, write_tokenizer
 from serving import free_port, server_up, wait_for
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")
@@ -44,16 +43,6 @@ def llama_pair(tmp_path_factory):
 
 def pair_of(which, tiny_pair, llama_pair):
     return {"bundled": ("tiny-code", None), "qwen3": tiny_pair, "llama": llama_pair}[which]
-
-
-def near_tie_gap(model, prompt, a, b) -> float:
-    """The TP=1 logit gap between the two tokens where outputs a and b first differ."""
-    i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
-    target = load_target(model, dtype="float64", device="cpu")
-    ids = torch.tensor([prompt + a[:i]])
-    with torch.no_grad():
-        logits = target.logits(target(ids, torch.arange(ids.shape[1])[None])[0][0, -1])
-    return abs(float(logits[a[i]] - logits[b[i]]))
 
 
 @pytest.mark.parametrize("which", ["bundled", "qwen3", "llama"])

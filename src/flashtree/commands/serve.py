@@ -6,10 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-import uvicorn
-
 from ..errors import UserError
-from ..server.app import HeaderTimeoutProtocol, Server, create_app
 from ..server.limits import ServerLimits
 from ..server.logs import LOG_FORMATS, configure_logging
 from ..speculative.proposer import proposer_class
@@ -57,7 +54,12 @@ def add_arguments(p) -> None:
 def run(args, llm=None) -> int:
     """`flashtree serve`. Returns 0 after a clean shutdown, 1 if the engine broke.
     `llm`: serve this already loaded LLM instead of loading the one `args` name."""
+    # The HTTP stack loads here, not at import: every other command (bench, generate, chat) works on a
+    # machine without fastapi/uvicorn, such as a GPU image that has torch alone.
+    import uvicorn
+
     from ..commands.generate import load_llm
+    from ..server.app import HeaderTimeoutProtocol, Server, create_app
     if args.max_queue < 1:
         raise UserError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.port < 65536:
