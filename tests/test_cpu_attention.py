@@ -1,5 +1,6 @@
 """The CPU paged-attention kernel (models/cpu_attention.cpp): agreement with SDPA over gathered rows,
-a tree node bit-identical to the plain step at its position, batch invariance, clear errors."""
+a tree node bit-identical to the plain step at its position, batch invariance, a bf16 cache giving
+the float32 cache's bits on the same values, clear errors."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,10 +101,28 @@ def test_a_sequence_gets_the_same_bits_alone_or_in_a_batch():
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("D", [64, 128, 24])  # 24: the path for other head sizes (and a scalar tail)
+def test_a_bf16_cache_gives_the_bits_a_float32_cache_of_the_same_values_gives(D):
+    """A bf16 model keeps K/V in a bf16 cache; the kernel widens each row as it reads it, so it must
+    give exactly what it gives on those values widened to float32 beforehand (exact)."""
+    q, kn, vn, kc, vc, table, lengths, vis, P = case(3, 5, 7, 6, 3, D, 8, [0, 19, 70])
+    q = q.bfloat16().float()          # a bf16 model's queries: bf16 values, widened
+    kn, vn, kc, vc = (t.bfloat16() for t in (kn, vn, kc, vc))
+    half = cpu_dense.paged_attention(q, kn, vn, kc, vc, table, lengths, vis, P)
+    wide = cpu_dense.paged_attention(q, kn.float(), vn.float(), kc.float(), vc.float(), table, lengths, vis, P)
+    assert half.dtype == torch.float32 and torch.equal(half, wide)
+    # negative control: one cached value nudged by one bf16 step changes the output
+    kc2, row = kc.clone(), table[2, 0] * P  # sequence 2's first cached row
+    kc2[row, 0, 0] = (kc2[row, 0, 0].float() * (1 + 2 ** -7)).bfloat16()  # one bf16 step (7 fraction bits)
+    assert not torch.equal(cpu_dense.paged_attention(q, kn, vn, kc2, vc, table, lengths, vis, P), half)
+
+
 def test_bad_inputs_get_clear_errors():
     q, kn, vn, kc, vc, table, lengths, vis, P = case(1, 2, 2, 4, 2, 64, 16, [20])
     with pytest.raises(RuntimeError, match="float32"):
         cpu_dense.paged_attention(q.double(), kn, vn, kc, vc, table, lengths, vis, P)
+    with pytest.raises(RuntimeError, match="one dtype, float32 or bfloat16"):  # bf16 cache, float32 new rows
+        cpu_dense.paged_attention(q, kn, vn, kc.bfloat16(), vc.bfloat16(), table, lengths, vis, P)
     with pytest.raises(RuntimeError, match="multiple of kv heads"):
         cpu_dense.paged_attention(q[:, :, :3], kn, vn, kc, vc, table, lengths, vis, P)
     with pytest.raises(RuntimeError, match="exceeds its page table"):

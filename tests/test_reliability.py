@@ -160,8 +160,9 @@ def poison_verify(bad_token: int):
     return verifier
 
 
-def test_a_failing_sequence_fails_alone(pair):
-    llm = LLM(model=pair[0], draft=pair[1], method="ar", max_batch_size=4)
+@pytest.mark.parametrize("method", ["ar", "ddtree"])  # ddtree: budget auto, whose verdict the reruns share
+def test_a_failing_sequence_fails_alone(pair, method):
+    llm = LLM(model=pair[0], draft=pair[1], method=method, max_batch_size=4)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = ["t1 t2", "t7 t8 t9", "t30 t31", "t40"]
     ref = llm.generate(prompts, params, use_tqdm=False)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import (FilterPlan, Uniforms, cuts_numpy, cuts_torch, inverse_cdf, logits_to_probs,
-                               sample, sample_host, sample_numpy)
+from flashtree.sampling import FilterPlan, Uniforms, logits_to_probs, sample, sample_host, sample_tensors
 from flashtree.models import cpu_dense
 from flashtree.sampling_params import SamplingParams
 
@@ -100,26 +99,6 @@ def test_a_full_vocabulary_matches_the_reference_for_short_and_long_nuclei(T, p)
         assert np.abs(got[r] - ref).max() < 1e-5, r
 
 
-def test_host_and_tensor_cuts_agree():
-    """The CPU's host loop and the device's tensor ops compute the same cut (CUDA runs the
-    latter; here both run on the same rows): top-k, top-p, min-p, mixed, with -inf logits."""
-    torch.manual_seed(3)
-    V = 4096
-    settings = [(k, p, m) for k in (0, 1, 40, 300, 5000) for p in (1.0, 0.5, 0.95, 0.999) for m in (0.0, 0.1)]
-    R = len(settings)
-    scaled = torch.randn(R, V) * torch.linspace(0.3, 6, R).unsqueeze(-1)
-    scaled[::7, :50] = float("-inf")
-    k, p, m = (torch.tensor(c) for c in zip(*settings))
-    top = scaled.amax(-1, keepdim=True)
-    mass = (scaled - top).exp().sum(-1, keepdim=True)
-    width = V  # some row uses top-p without top-k
-    host = cuts_numpy(scaled.numpy(), top.numpy(), mass.numpy(), k.numpy(), p.float().numpy(), m.float().numpy(), width)
-    dev = cuts_torch(scaled, top, mass, k, p.float(), m.float(), width)
-    kept = lambda cut: (scaled >= cut).sum(-1)  # noqa: E731  (min-p's cut is float64 on the host)
-    assert torch.equal(kept(torch.from_numpy(host)), kept(dev))
-    assert torch.isfinite(dev).all() and torch.allclose(torch.from_numpy(host), dev, rtol=1e-6)
-
-
 def test_tokens_tied_with_the_cut_are_all_kept():
     logits = torch.tensor([[3.0, 2.0, 2.0, 1.0, 0.0]])
     probs = logits_to_probs(logits, torch.ones(1), torch.tensor([2]), torch.ones(1), torch.zeros(1))
@@ -167,15 +146,15 @@ def host_draw(logits: torch.Tensor, settings: list[tuple], u: torch.Tensor, fn=s
                                M.astype(np.float32), u.numpy()))
 
 
-HOST_SAMPLERS = [pytest.param(sample_numpy, id="numpy"), pytest.param(sample_host, id="kernel", marks=pytest.mark.skipif(
+HOST_SAMPLERS = [pytest.param(sample_tensors, id="tensors"), pytest.param(sample_host, id="kernel", marks=pytest.mark.skipif(
     not cpu_dense.available(), reason=f"the CPU kernels are not built here: {cpu_dense.why_unavailable()}"))]
 
 
 @pytest.mark.parametrize("fn", HOST_SAMPLERS)
-@pytest.mark.parametrize("V", [50, 4096, 1000])   # kernel: V % 8 != 0 (50, 1000 = 15 blocks + 40); numpy: 1 block, 16, padded
+@pytest.mark.parametrize("V", [50, 4096, 1000])   # kernel: V % 8 != 0 (50, 1000 = 15 blocks + 40)
 def test_the_host_sampler_draws_the_tensor_pipelines_tokens(V, fn):
-    """The CPU engine's sampler (its kernel, and numpy where there is none) and the tensor pipeline
-    (CUDA's) give the same token for the same u, every filter combination, with -inf logits,
+    """The CPU engine's sampler (its kernel, and the tensor pipeline where there is none) and the
+    tensor pipeline (CUDA's) give the same token for the same u, every filter combination, with -inf logits,
     greedy rows beside sampled ones."""
     torch.manual_seed(4)
     settings = SETTINGS * 8
@@ -209,14 +188,15 @@ def test_the_host_sampler_draws_from_the_distribution(fn):
     assert chisquare(counts, plain / plain.sum() * n).pvalue < 1e-6
 
 
-def test_the_host_inverse_cdf_edges():
+def test_the_inverse_cdf_edges():
     """u = 0 takes the first token with mass; u just below 1 the last; rows without valid mass
     draw V."""
     V = 3 * 256 + 5
     row = np.zeros(V, np.float32)
     row[[7, 256 + 3, V - 2]] = [0.2, 0.5, 0.3]
     probs = np.stack([row, row, np.full(V, np.nan, np.float32), np.zeros(V, np.float32), np.full(V, np.inf, np.float32)])
-    got = inverse_cdf(probs, np.array([0.0, 1 - 1e-16, 0.5, 0.5, 0.5]))
+    u = torch.tensor([0.0, 1 - 1e-16, 0.5, 0.5, 0.5], dtype=torch.float64)
+    got = sample(torch.from_numpy(probs), [(r, r + 1) for r in range(5)], [u[r:r + 1] for r in range(5)])
     assert got.tolist() == [7, V - 2, V, V, V]
 
 

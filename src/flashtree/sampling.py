@@ -22,14 +22,13 @@ top-k). Full-width work is float arithmetic only: on this CPU a bool compare or 
 Two forms of the same rule: the tensor pipeline (`logits_to_probs` + `sample`; CUDA runs it, and
 the exactness checks take their reference distribution from it) and the host one
 (`sample_host`), which the engine runs on the CPU: one call of the CPU kernel
-(`models/cpu_sample.cpp`) where it is built, else `sample_numpy`. A torch op costs 3-10 µs of
-dispatch here and the tensor pipeline is ~60 of them (0.4-0.7 ms to draw one row); the kernel
+(`models/cpu_sample.cpp`) where it is built, else the tensor pipeline. A torch op costs 3-10 µs
+of dispatch here and the tensor pipeline is ~60 of them (0.4-0.7 ms to draw one row); the kernel
 draws a row of the bundled target's logits in ~25 µs. Both forms give the same token for the
 same u (tested on every filter combination); they differ only in float rounding.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,17 +97,8 @@ def cuts(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_k: tor
     min-p: logit >= max + log(min_p). With a sort (width > 0), for rows using top-k or top-p:
     with e[r] the unnormalised mass of sorted ranks <= r and z the top-k's mass (`mass` without
     top-k), rank r survives top-p when e[r-1] < top_p * z (rank 0 always), so the kept count is
-    1 + #{r < W-1: e[r] < top_p * z}, at most k. On the CPU the same rule runs on the host
-    (`cuts_numpy`): a torch op costs 3-10 µs of dispatch here and `cuts_torch` is ~25 small ops."""
-    if scaled.device.type == "cpu":
-        return torch.from_numpy(cuts_numpy(scaled.numpy(), top.numpy(), mass.numpy(), top_k.numpy(),
-                                           top_p.numpy(), min_p.numpy(), width))
-    return cuts_torch(scaled, top, mass, top_k, top_p, min_p, width)
-
-
-def cuts_torch(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_k: torch.Tensor,
-               top_p: torch.Tensor, min_p: torch.Tensor, width: int) -> torch.Tensor:
-    """`cuts` as batched tensor ops on the logits' device (no host sync)."""
+    1 + #{r < W-1: e[r] < top_p * z}, at most k. Batched tensor ops on the logits' device, no host
+    sync."""
     cut = top + min_p.log().unsqueeze(-1)                                     # log 0 = -inf
     if width:
         W, V = width, scaled.shape[-1]
@@ -121,49 +111,6 @@ def cuts_torch(scaled: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, top_
         filtered = ((k < V) | (top_p < 1).unsqueeze(-1))
         cut = torch.where(filtered, torch.maximum(cut, s.gather(-1, n - 1)), cut)
     return cut.clamp(min=torch.finfo(scaled.dtype).min)   # a -inf logit then gets 0, not NaN
-
-
-def cuts_numpy(scaled: np.ndarray, top: np.ndarray, mass: np.ndarray, top_k: np.ndarray,
-               top_p: np.ndarray, min_p: np.ndarray, width: int) -> np.ndarray:
-    """`cuts` on host arrays, the same rule row by row -> [R, 1] (a Python loop: a numpy call on a
-    small array costs a few µs here, a Python float op ~0.1). Top-p over the whole vocabulary
-    sorts only the candidates, the tokens whose probability reaches (1 - top_p) / V of the mass:
-    the others hold less than 1 - top_p of it together, so the nucleus (a descending prefix whose
-    mass reaches top_p) ends among the candidates; the whole row is sorted only when rounding
-    leaves the candidates' mass short of it."""
-    R, V = scaled.shape
-    out = np.empty((R, 1), dtype=scaled.dtype)
-    lowest = float(np.finfo(scaled.dtype).min)
-    for r in range(R):
-        t, p, k = float(top[r, 0]), float(top_p[r]), int(top_k[r])
-        k = k if 0 < k < V else V                                              # V: no top-k
-        cut = t + math.log(min_p[r]) if min_p[r] > 0 else -math.inf
-        if width and (k < V or p < 1):
-            z = float(mass[r, 0])
-            if k < V:
-                s = largest(scaled[r], k)                                      # [k] descending
-            else:                                                              # the candidates, descending
-                row = scaled[r]
-                s = -np.sort(-row[row >= t + math.log((1 - p) * z / V)]) if z > 0 else row[:0]
-            while True:
-                w = len(s)
-                e = np.exp((s - t).astype(np.float64)).cumsum()               # [w] float64
-                if k < V:
-                    z = float(e[k - 1])                                        # top-p acts inside the top-k
-                n = k if p >= 1 else min(int(np.searchsorted(e[:w - 1], p * z)) + 1, k)  # #{e < p z} + 1
-                if w == V or k < V or (w and (n < w or e[-1] >= p * z)):
-                    break
-                s = largest(scaled[r], V)                                      # rounding (or a NaN row): all
-            cut = max(cut, float(s[n - 1]))
-        out[r, 0] = lowest if cut < lowest else cut                            # NaN stays NaN
-    return out
-
-
-def largest(x: np.ndarray, width: int) -> np.ndarray:
-    """The `width` largest values of x [V], descending -> [width]."""
-    V = x.shape[-1]
-    part = x if width == V else np.partition(x, V - width)[V - width:]
-    return np.sort(part)[::-1]
 
 
 def descending(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -253,47 +200,18 @@ def sample_host(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, 
     """`sample(logits_to_probs(...))` on host arrays, for logits on the CPU: logits [R, V] float32,
     per-row temperature/top_p/min_p [R] float32, top_k [R] int64, u [R] float64 (read on sampled
     rows only) -> [R] int64 tokens, V where a sampled row has no valid mass. Through the CPU
-    kernel (`models/cpu_sample.cpp`, one call) when it is built, else `sample_numpy`."""
+    kernel (`models/cpu_sample.cpp`, one call) when it is built, else `sample_tensors`."""
     if cpu_dense.available():
         return cpu_dense.sample_rows(logits, temperature, top_k, top_p, min_p, u)
-    return sample_numpy(logits, temperature, top_k, top_p, min_p, u)
+    return sample_tensors(logits, temperature, top_k, top_p, min_p, u)
 
 
-def sample_numpy(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-                 min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """`sample_host` in numpy: p = exp(logits / T - max) unnormalised, zero below the row's cut
-    (`cuts_numpy`), then `inverse_cdf`. The normalisations are left out (they scale a row by a
-    constant, which the draw does not see). Torch's version is ~60 small ops at 3-10 µs of
-    dispatch each on this CPU; numpy's calls cost ~1-5 µs each."""
+def sample_tensors(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                   min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """`sample_host` through the tensor pipeline (a CPU without the kernel: ~60 torch ops a call)."""
     R, V = logits.shape
+    t = torch.from_numpy
     plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist(), V)
-    out = np.empty(R, dtype=np.int64)
-    greedy = temperature == 0
-    if plan.any_greedy:
-        out[greedy] = logits[greedy].argmax(-1)
-    rows = np.flatnonzero(~greedy)
-    if not len(rows):
-        return out
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        x = logits if len(rows) == R else logits[rows]
-        scaled = x / temperature[rows, None]                                   # [S, V] float32
-        top = scaled.max(-1, keepdims=True)                                    # [S, 1]
-        probs = np.exp(scaled - top)                                           # [S, V] unnormalised
-        if plan.sort_width or plan.any_min_p:
-            mass = probs.sum(-1, keepdims=True)
-            cut = cuts_numpy(scaled, top, mass, top_k[rows], top_p[rows], min_p[rows], plan.sort_width)
-            probs *= scaled >= cut                                             # keep logits reaching the cut
-        out[rows] = inverse_cdf(probs, u[rows])
-    return out
-
-
-def inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """probs [S, V] float32 (>= 0, unnormalised), u [S] float64 in [0, 1) -> [S] int64: the first
-    token whose float64 cumulative mass exceeds u * total, V for a row without valid mass (NaN,
-    inf or all zero) -- `sample`'s rule: an exact draw that never picks a zero-probability token."""
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a row without valid mass
-        cdf = probs.cumsum(-1, dtype=np.float64)                               # [S, V]
-        total = cdf[:, -1]
-        target = np.minimum(u * total, np.nextafter(total, 0))                 # < total
-        drawn = (cdf <= target[:, None]).sum(-1)                               # first cdf > target
-        return np.where(np.isfinite(total) & (total > 0), drawn, probs.shape[-1])
+    probs = logits_to_probs(t(logits), t(temperature), t(top_k), t(top_p), t(min_p), plan)
+    uniforms = [None if temperature[r] == 0 else t(u[r:r + 1]) for r in range(R)]
+    return sample(probs, [(r, r + 1) for r in range(R)], uniforms).numpy()

@@ -57,13 +57,14 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
     dev = device_info(device)
     return {"versions": versions(), "platform": platform_info(), "device": dev,
             "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
-            "kv_cache": kv_cache(pair["pair"], kv_options or {}), **pair}
+            "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype", "float32").split()[0]),
+            **pair}
 
 
-def kv_cache(pair: dict, options: dict) -> dict:
-    """The paged KV cache `LLM(**options)` would allocate for this pair (float32): capacity in
-    tokens, pages, bytes (target + drafter context + kept drafter features), and what one sequence
-    may need."""
+def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
+    """The paged KV cache `LLM(**options)` would allocate for this pair in `dtype` (the model's, as
+    dtype "auto" picks it): capacity in tokens, pages, bytes (target + drafter context + kept drafter
+    features), and what one sequence may need."""
     from ..engine.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
     t, d = pair["target"], pair["drafter"]
     if t["error"]:
@@ -78,13 +79,15 @@ def kv_cache(pair: dict, options: dict) -> dict:
     if tokens < per_seq:
         return {"error": f"kv_cache_tokens={tokens} cannot hold one sequence at the context limit ({per_seq} "
                          f"tokens with one round's tree): LLM() refuses it"}
-    row = 2 * 4 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V, float32
+    import torch
+    size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    row = 2 * size * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V
     if drafter:  # its context K/V, and the target's drafter features kept on the same rows
-        row += 2 * 4 * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
-        row += 4 * len(drafter["target_layer_ids"]) * drafter["hidden_size"]
+        row += 2 * size * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
+        row += size * len(drafter["target_layer_ids"]) * drafter["hidden_size"]
     pages = -(-tokens // cfg.page_size)
     return {"error": None, "kv_cache_tokens": pages * cfg.page_size, "page_size": cfg.page_size, "pages": pages,
-            "mib": round((pages + 1) * cfg.page_size * row / 2**20, 1), "per_sequence_tokens": per_seq,
+            "mib": round((pages + 1) * cfg.page_size * row / 2**20, 1), "dtype": dtype, "per_sequence_tokens": per_seq,
             "max_batch_size": cfg.max_batch_size, "prefix_caching": cfg.enable_prefix_caching,
             "max_num_batched_tokens": cfg.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS}
 
@@ -420,7 +423,7 @@ def render(r: dict) -> str:
     kv = r["kv_cache"]
     lines += ["kv cache", f"  {'error':<18} {kv['error']}"] if kv["error"] else [
         "kv cache", f"  {'capacity':<18} {kv['kv_cache_tokens']:,} tokens in {kv['pages']:,} pages of "
-        f"{kv['page_size']} ({kv['mib']} MiB, float32; --kv-cache-tokens, --page-size)",
+        f"{kv['page_size']} ({kv['mib']} MiB, {kv['dtype']}; --kv-cache-tokens, --page-size)",
         f"  {'per sequence':<18} up to {kv['per_sequence_tokens']:,} tokens (the context limit + one round's tree)",
         f"  {'prefix caching':<18} {'on' if kv['prefix_caching'] else 'off'}; prompts prefilled "
         f"{kv['max_num_batched_tokens']} tokens a step"]

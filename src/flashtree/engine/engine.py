@@ -337,7 +337,10 @@ class Engine:
         batch = [s for s in self.running if s.decoding and not s.finished]
         if batch:
             logged = len(self.round_log) if self.round_log is not None else 0
-            parts = self._isolated(self._round, batch)
+            # auto's verdict is taken once a step, outside the round: a round rerun per sequence
+            # (see _isolated) drafts as the whole batch was decided to
+            depth = dict(zip(batch, self._auto_depths(batch, [self._depth_limit(s) for s in batch])))
+            parts = self._isolated(lambda part: self._round(part, [depth[s] for s in part]), batch)
             for part, out in parts:
                 self._timed("commit", self._commit, part, out)
             if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
@@ -352,9 +355,9 @@ class Engine:
                     entry["times"] = self.round_times.as_dict()
         return self._collect()
 
-    def _round(self, batch: list[Sequence]) -> RoundOutput:
-        """Everything of a round before the commit; touches no sequence state, so it can be rerun."""
-        depths = self._auto_depths(batch, [self._depth_limit(s) for s in batch])
+    def _round(self, batch: list[Sequence], depths: list[int]) -> RoundOutput:
+        """Everything of a round before the commit, each sequence drafting to its depth (0: a plain
+        step); touches no sequence state, so it can be rerun."""
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
         drafted = sum(d is not None for d in drafts)

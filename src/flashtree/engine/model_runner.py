@@ -127,10 +127,8 @@ class ModelRunner:
                      else f"F.linear ({cpu_dense.why_unavailable()})")
         tc = target.config
         rows = self.num_pages * self.page_size
-        # the CPU attention kernel reads float32 rows: a bf16 model keeps its K/V (exact) in a float32
-        # cache there — 2x a bf16 cache's bytes, ~14 MB a step at 300 tokens of SmolLM2 context
-        # against its 269 MB of weights; elsewhere the cache is in the model's dtype
-        self.kv_dtype = kv_dtype = torch.float32 if self.cpu_kernel and self.dtype == torch.bfloat16 else self.dtype
+        # the cache is in the model's dtype (the CPU attention kernel reads bf16 rows as they are)
+        self.kv_dtype = kv_dtype = self.dtype
         self.cache = KVCache(tc.num_hidden_layers, rows, tc.num_key_value_heads, tc.head_dim, kv_dtype, self.device)
         self.draft_cache = self.features = None
         if drafter is not None:

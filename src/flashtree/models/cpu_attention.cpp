@@ -16,21 +16,41 @@
 // Each output reads only its own sequence, in a fixed order: batch-invariant, and a tree node's
 // output is bit-identical to a plain step's at the same position (its keys then are cached rows in
 // the same order). A token that sees no key at all (never produced by the engine) gets zeros.
-// float32 only; the caller checks.
+// Queries and outputs are float32; K/V (cache and new rows alike) are float32 or bfloat16, widened
+// exactly to float32 as they are loaded, so a bf16 cache gives the bits a float32 cache holding the
+// same values would (and reads half the bytes).
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include "cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 namespace {
+
+using bf16 = uint16_t;  // bfloat16's bits (at::BFloat16's storage): the high half of a float32
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {  // 8 bfloat16 -> 8 float32, exact
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -40,18 +60,19 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline float dot(const float* a, const float* b, int64_t d) {  // four independent FMA chains
+template <typename E>
+inline float dot(const float* a, const E* b, int64_t d) {  // four independent FMA chains
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   int64_t i = 0;
   for (; i + 32 <= d; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(b + i + 24), acc3);
   }
-  for (; i + 8 <= d; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= d; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < d; ++i) s += a[i] * b[i];
+  for (; i < d; ++i) s += a[i] * widen(b[i]);
   return s;
 }
 
@@ -72,11 +93,12 @@ inline float exp_shifted(float* x, int64_t m, float mx) {
   return total;
 }
 
-inline void axpy(float w, const float* x, float* y, int64_t d) {  // y += w * x
+template <typename E>
+inline void axpy(float w, const E* x, float* y, int64_t d) {  // y += w * x
   const __m256 wv = _mm256_set1_ps(w);
   int64_t i = 0;
-  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < d; ++i) y[i] += w * x[i];
+  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, load8(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < d; ++i) y[i] += w * widen(x[i]);
 }
 
 // The sums of four vectors' lanes, as lanes 0..3: for each, ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) —
@@ -90,16 +112,16 @@ inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
 // four keys' dot products reduced together by hsum4 (zero vectors fill a last group of 1..3). Every
 // score is the same sequence of operations whatever its key's index, m or the other keys. Returns
 // the largest score (-inf when m = 0).
-template <int DD>
-float scores(const float* q, const float* const* keys, int64_t m, float scale, float* s) {
+template <int DD, typename E>
+float scores(const float* q, const E* const* keys, int64_t m, float scale, float* s) {
   constexpr int NV = DD / 8;
   __m256 qv[NV];
   for (int v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(q + 8 * v);
-  auto partial = [&](const float* k) {  // q . k as 8 lanes still to be summed
-    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
+  auto partial = [&](const E* k) {  // q . k as 8 lanes still to be summed
+    __m256 a0 = _mm256_mul_ps(qv[0], load8(k)), a1 = _mm256_mul_ps(qv[1], load8(k + 8));
     for (int v = 2; v < NV; v += 2) {
-      a0 = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), a0);
-      a1 = _mm256_fmadd_ps(qv[v + 1], _mm256_loadu_ps(k + 8 * v + 8), a1);
+      a0 = _mm256_fmadd_ps(qv[v], load8(k + 8 * v), a0);
+      a1 = _mm256_fmadd_ps(qv[v + 1], load8(k + 8 * v + 8), a1);
     }
     return _mm256_add_ps(a0, a1);
   };
@@ -126,20 +148,21 @@ float scores(const float* q, const float* const* keys, int64_t m, float scale, f
 }
 
 // out [DD] += sum_i (w[i] * inv) * vals[i], i ascending (out read once and written once).
-template <int DD>
-void accumulate(const float* w, float inv, const float* const* vals, int64_t m, float* out) {
+template <int DD, typename E>
+void accumulate(const float* w, float inv, const E* const* vals, int64_t m, float* out) {
   constexpr int NV = DD / 8;
   __m256 acc[NV];
   for (int v = 0; v < NV; ++v) acc[v] = _mm256_loadu_ps(out + 8 * v);
   for (int64_t i = 0; i < m; ++i) {
     const __m256 wi = _mm256_set1_ps(w[i] * inv);
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vals[i] + 8 * v), acc[v]);
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wi, load8(vals[i] + 8 * v), acc[v]);
   }
   for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
 }
 
 // Any D: one query row against its m keys (sbuf [m] scratch): out [D] = softmax(scale * q . k) @ v.
-void attend_any(const float* q, const float* const* keys, const float* const* vals, int64_t m, int64_t D,
+template <typename E>
+void attend_any(const float* q, const E* const* keys, const E* const* vals, int64_t m, int64_t D,
                 float scale, float* sbuf, float* out) {
   for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
   if (m == 0) return;
@@ -159,10 +182,10 @@ void attend_any(const float* q, const float* const* keys, const float* const* va
 // numbers is the same as one query alone would get (cached rows ascending, then its new rows).
 constexpr int64_t kKB = 64;
 
-template <int DD>
+template <int DD, typename E>
 void attend_group(const float* Q, int64_t H, int64_t G, int64_t g, int64_t b, int64_t t0, int64_t t1,
-                  const std::vector<const float*>& ck, const std::vector<const float*>& cv,
-                  const std::vector<std::vector<const float*>>& nk, const std::vector<std::vector<const float*>>& nvv,
+                  const std::vector<const E*>& ck, const std::vector<const E*>& cv,
+                  const std::vector<std::vector<const E*>>& nk, const std::vector<std::vector<const E*>>& nvv,
                   float scale, std::vector<float>& S, std::vector<float>& mx, float* O, int64_t T) {
   const int64_t n = static_cast<int64_t>(ck.size()), nq = (t1 - t0) * G;
   int64_t width = n;
@@ -197,39 +220,12 @@ void attend_group(const float* Q, int64_t H, int64_t G, int64_t g, int64_t b, in
       accumulate<DD>(S.data() + r * width + n, inv[r], nvv[t].data(), static_cast<int64_t>(nvv[t].size()), optr(t, h));
 }
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
-                           const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& table,
-                           const at::Tensor& lengths, const at::Tensor& vis, int64_t page_size, double scale) {
-  // q [B, T, H, D]; k_new, v_new [B, N, Hkv, D]; k_cache, v_cache [rows, Hkv, D] (one layer);
-  // table [B, pages] int64; lengths [B] int64; vis [B, T, N] bool -> [B, T, H, D]
-  TORCH_CHECK(q.dim() == 4 && k_new.dim() == 4 && v_new.dim() == 4 && k_cache.dim() == 3 && v_cache.dim() == 3,
-              "paged_attention: q, k_new, v_new must be 4-D and the caches 3-D");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_new.scalar_type() == at::kFloat && v_new.scalar_type() == at::kFloat &&
-              k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
-              "paged_attention: float32 tensors only");
-  TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && vis.scalar_type() == at::kBool,
-              "paged_attention: table and lengths must be int64, vis bool");
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
-  const int64_t N = k_new.size(1), Hkv = k_new.size(2), rows = k_cache.size(0), pages = table.size(1);
-  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "paged_attention: query heads must be a multiple of kv heads");
-  TORCH_CHECK(k_new.size(0) == B && k_new.size(3) == D && v_new.sizes() == k_new.sizes() &&
-              k_cache.size(1) == Hkv && k_cache.size(2) == D && v_cache.sizes() == k_cache.sizes() &&
-              table.size(0) == B && lengths.size(0) == B && vis.size(0) == B && vis.size(1) == T && vis.size(2) == N,
-              "paged_attention: inconsistent shapes");
-  TORCH_CHECK(page_size > 0, "paged_attention: page_size must be positive");
-  const at::Tensor qc = q.contiguous(), kn = k_new.contiguous(), vn = v_new.contiguous(), kc = k_cache.contiguous(),
-                   vc = v_cache.contiguous(), tb = table.contiguous(), ln = lengths.contiguous(), vs = vis.contiguous();
-  at::Tensor out = at::empty({B, T, H, D}, q.options());
-  const float *Q = qc.data_ptr<float>(), *KN = kn.data_ptr<float>(), *VN = vn.data_ptr<float>();
-  const float *KC = kc.data_ptr<float>(), *VC = vc.data_ptr<float>();
-  const int64_t *TB = tb.data_ptr<int64_t>(), *LN = ln.data_ptr<int64_t>();
-  const bool* VS = vs.data_ptr<bool>();
-  float* O = out.data_ptr<float>();
+// The loop over (sequence, kv head, token range) items, for K/V rows of element type E.
+template <typename E>
+void attend_all(const float* Q, const E* KN, const E* VN, const E* KC, const E* VC, const int64_t* TB,
+                const int64_t* LN, const bool* VS, float* O, int64_t B, int64_t T, int64_t H, int64_t D,
+                int64_t N, int64_t Hkv, int64_t rows, int64_t pages, int64_t page_size, float sc) {
   const int64_t G = H / Hkv;
-  const float sc = static_cast<float>(scale);
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(LN[b] >= 0 && LN[b] <= pages * page_size, "paged_attention: a length exceeds its page table");
-
   // One item = (b, g, a range of new tokens): the G query heads of kv head g for those tokens of
   // sequence b. Each (b, g) is one item unless there are fewer (b, g) than threads: then its tokens
   // are split so every thread has work. Per query the keys, their order and every operation on them
@@ -239,8 +235,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   const int64_t split = std::min<int64_t>(T, (threads + groups - 1) / groups), per = (T + split - 1) / split;
   at::parallel_for(0, groups * split, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sbuf, mxs;
-    std::vector<const float*> ck, cv;
-    std::vector<std::vector<const float*>> nk(T), nvv(T);
+    std::vector<const E*> ck, cv;
+    std::vector<std::vector<const E*>> nk(T), nvv(T);
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t bg = item / split, g = bg % Hkv, b = bg / Hkv, n = LN[b];
       const int64_t t0 = (item % split) * per, t1 = std::min(T, t0 + per);
@@ -263,11 +259,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
         }
       }
       if (D == 64) {
-        attend_group<64>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+        attend_group<64, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
       } else if (D == 128) {
-        attend_group<128>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+        attend_group<128, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
       } else {
-        std::vector<const float*> keys, vals;
+        std::vector<const E*> keys, vals;
         for (int64_t t = t0; t < t1; ++t) {
           keys.assign(ck.begin(), ck.end()), vals.assign(cv.begin(), cv.end());
           keys.insert(keys.end(), nk[t].begin(), nk[t].end()), vals.insert(vals.end(), nvv[t].begin(), nvv[t].end());
@@ -279,6 +275,48 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
       }
     }
   });
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                           const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& table,
+                           const at::Tensor& lengths, const at::Tensor& vis, int64_t page_size, double scale) {
+  // q [B, T, H, D]; k_new, v_new [B, N, Hkv, D]; k_cache, v_cache [rows, Hkv, D] (one layer);
+  // table [B, pages] int64; lengths [B] int64; vis [B, T, N] bool -> [B, T, H, D]
+  TORCH_CHECK(q.dim() == 4 && k_new.dim() == 4 && v_new.dim() == 4 && k_cache.dim() == 3 && v_cache.dim() == 3,
+              "paged_attention: q, k_new, v_new must be 4-D and the caches 3-D");
+  const auto kv = k_cache.scalar_type();
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (kv == at::kFloat || kv == at::kBFloat16) &&
+              k_new.scalar_type() == kv && v_new.scalar_type() == kv && v_cache.scalar_type() == kv,
+              "paged_attention: q must be float32, and k_new, v_new and both caches one dtype, float32 or bfloat16");
+  TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && vis.scalar_type() == at::kBool,
+              "paged_attention: table and lengths must be int64, vis bool");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  const int64_t N = k_new.size(1), Hkv = k_new.size(2), rows = k_cache.size(0), pages = table.size(1);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "paged_attention: query heads must be a multiple of kv heads");
+  TORCH_CHECK(k_new.size(0) == B && k_new.size(3) == D && v_new.sizes() == k_new.sizes() &&
+              k_cache.size(1) == Hkv && k_cache.size(2) == D && v_cache.sizes() == k_cache.sizes() &&
+              table.size(0) == B && lengths.size(0) == B && vis.size(0) == B && vis.size(1) == T && vis.size(2) == N,
+              "paged_attention: inconsistent shapes");
+  TORCH_CHECK(page_size > 0, "paged_attention: page_size must be positive");
+  const at::Tensor qc = q.contiguous(), kn = k_new.contiguous(), vn = v_new.contiguous(), kc = k_cache.contiguous(),
+                   vc = v_cache.contiguous(), tb = table.contiguous(), ln = lengths.contiguous(), vs = vis.contiguous();
+  at::Tensor out = at::empty({B, T, H, D}, q.options());
+  const float* Q = qc.data_ptr<float>();
+  const int64_t *TB = tb.data_ptr<int64_t>(), *LN = ln.data_ptr<int64_t>();
+  const bool* VS = vs.data_ptr<bool>();
+  float* O = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(LN[b] >= 0 && LN[b] <= pages * page_size, "paged_attention: a length exceeds its page table");
+
+  if (kc.scalar_type() == at::kFloat) {
+    attend_all<float>(Q, kn.data_ptr<float>(), vn.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), TB, LN,
+                      VS, O, B, T, H, D, N, Hkv, rows, pages, page_size, sc);
+  } else {
+    auto bits = [](const at::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr<at::BFloat16>()); };
+    attend_all<bf16>(Q, bits(kn), bits(vn), bits(kc), bits(vc), TB, LN, VS, O, B, T, H, D, N, Hkv, rows, pages,
+                     page_size, sc);
+  }
   return out;
 }
 

@@ -197,7 +197,7 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page
     """Attention of queries q [B, T, H, D] over each sequence's cached rows < lengths[b], read in
     place from one layer's cache [rows, Hkv, D] through the page table [B, pages], then over the
     new rows k_new, v_new [B, N, Hkv, D] that vis [B, T, N] lets them see (`cpu_attention.cpp`;
-    float32, call only when `available()`) -> [B, T, H, D]."""
+    q float32, K/V float32 or bfloat16; call only when `available()`) -> [B, T, H, D] float32."""
     return torch.ops.flashtree.paged_attention(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size,
                                                q.shape[-1] ** -0.5)
 
@@ -214,7 +214,8 @@ def sample_rows(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, 
                 min_p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """One token per row of logits [S, V] float32 with per-row temperature, top_p, min_p [S]
     float32, top_k [S] int64 and u [S] float64 -> [S] int64 (V: no valid mass), by
-    `cpu_sample.cpp` (call only when `available()`): `sampling.sample_numpy`'s rule."""
+    `cpu_sample.cpp` (call only when `available()`): the tensor pipeline's rule (`sampling.logits_to_probs`
+    + `sampling.sample`)."""
     t = torch.from_numpy
     return torch.ops.flashtree.sample_rows(t(logits), t(temperature), t(top_k), t(top_p), t(min_p), t(u)).numpy()
 

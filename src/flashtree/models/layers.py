@@ -158,8 +158,9 @@ class Paged:
 
 
 def paged_applies(cache: torch.Tensor) -> bool:
-    """The CPU attention kernel reads this cache in place (float32 on a CPU where it builds, no grad)."""
-    return cache.dtype == torch.float32 and _kernel_applies(cache) and not torch.is_grad_enabled()
+    """The CPU attention kernel reads this cache in place (float32 or bfloat16 on a CPU where it
+    builds, no grad)."""
+    return cache.dtype in (torch.float32, torch.bfloat16) and _kernel_applies(cache) and not torch.is_grad_enabled()
 
 
 class Attention(nn.Module):
@@ -241,9 +242,10 @@ class Attention(nn.Module):
 
     def attend_paged(self, q, k, v, past: Paged) -> torch.Tensor:
         # q: [B, T, H, D]; k, v: [B, N, Hkv, D] of the new rows; cached rows read through past.
-        # The kernel computes in the cache's float32 (a bf16 model's q/k/v widen exactly).
+        # The kernel computes in float32: q widens here, the cache's rows (float32 or bf16, the model's
+        # dtype) as they are read — exactly, so a bf16 cache gives what a float32 one would.
         dt = past.k_cache.dtype
-        out = cpu_dense.paged_attention(q.to(dt), k.to(dt), v.to(dt), past.k_cache, past.v_cache, past.table,
+        out = cpu_dense.paged_attention(q.float(), k.to(dt), v.to(dt), past.k_cache, past.v_cache, past.table,
                                         past.lengths, past.vis, past.page_size)  # [B, T, H, D]
         return self.o_proj(out.to(q.dtype).flatten(2))                   # [B, T, hidden]
 
