@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copies what a session's training run made into training/smollm2-135m-instruct-drafter/ for
 # committing: the data (gzipped), the held-out answers, the progress log, the latest drafter
-# (float32: the drafter resumes from it) and its report, then the bundled bf16 copy.
+# (float32: the drafter resumes from it) and its report, then the bundled bf16 copy with its
+# draft vocabulary (scripts/build_draft_vocab.py, from the kept data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
@@ -33,5 +34,6 @@ save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
 cfg = json.loads((src / "config.json").read_text())
 (dst / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
 PY
+  .venv/bin/python scripts/build_draft_vocab.py "$BUNDLE" --data "$KEPT/regenerated.jsonl.gz"
   ls -la "$BUNDLE"
 fi

@@ -18,6 +18,9 @@ class ConfigError(ValueError):
     """A model directory or config that flashtree cannot load."""
 
 
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # a drafter directory's reduced draft vocabulary (optional)
+
+
 def read_json(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
@@ -167,6 +170,9 @@ class DrafterConfig:
     target_layer_ids: list[int]
     num_target_layers: int | None = None
     source: str = "<config>"
+    # the target token ids it drafts from (`draft_vocab.json` beside config.json, EAGLE-3's and
+    # FR-Spec's reduced draft vocabulary: its LM head reads only these rows); None: every token
+    draft_vocab: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -202,7 +208,15 @@ class DrafterConfig:
         path = Path(path)
         if not path.is_dir():
             raise ConfigError(f"{path}: drafter directory not found")
-        return cls.from_dict(read_json(path / "config.json"), source=str(path / "config.json"))
+        cfg = cls.from_dict(read_json(path / "config.json"), source=str(path / "config.json"))
+        vocab = path / DRAFT_VOCAB_FILE
+        if vocab.is_file():
+            ids = read_json(vocab).get("token_ids")
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids) \
+                    or len(set(ids)) != len(ids):
+                raise ConfigError(f"{vocab}: field 'token_ids' must be a non-empty list of distinct token ids")
+            cfg.draft_vocab = tuple(ids)
+        return cfg
 
     def check_pair(self, target: ModelConfig) -> None:
         """Refuse a drafter that cannot run on this target, naming both files and the field."""
@@ -216,6 +230,8 @@ class DrafterConfig:
             bad("hidden_size", self.layers.hidden_size, target.hidden_size)
         if not 0 <= self.mask_token_id < target.vocab_size:
             bad("dflash_config.mask_token_id", self.mask_token_id, f"vocab_size {target.vocab_size}")
+        if self.draft_vocab is not None and not all(0 <= i < target.vocab_size for i in self.draft_vocab):
+            bad(DRAFT_VOCAB_FILE + " token_ids", "ids outside the vocabulary", f"vocab_size {target.vocab_size}")
         out_of_range = [i for i in self.target_layer_ids if not 0 <= i < target.num_hidden_layers]
         if out_of_range:
             bad("dflash_config.target_layer_ids", self.target_layer_ids,

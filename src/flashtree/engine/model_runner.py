@@ -49,7 +49,7 @@ from .block_manager import BlockManager
 from .kv_cache import FeatureCache, KVCache, write_features, write_rows
 from ..models.drafter import DFlashDrafter
 from ..models import cpu_dense
-from ..models.layers import pack_projections
+from ..models.layers import Linear, pack_projections
 from ..models.target import TargetModel
 
 log = logging.getLogger("flashtree.engine")
@@ -99,6 +99,26 @@ def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
     return t
 
 
+def draft_vocabulary(drafter: DFlashDrafter | None) -> np.ndarray | None:
+    """The drafter's draft vocabulary as target ids [Vd] int64, or None: the whole vocabulary (no
+    draft vocabulary, or FLASHTREE_DRAFT_VOCAB=0, which measures what it saves)."""
+    if drafter is None or drafter.config.draft_vocab is None or os.environ.get("FLASHTREE_DRAFT_VOCAB") == "0":
+        return None
+    return np.asarray(drafter.config.draft_vocab, dtype=np.int64)
+
+
+def head_rows(head: torch.nn.Module, ids: torch.Tensor, pack: bool) -> Linear:
+    """A bias-free LM head holding rows `ids` of `head`'s weight (a copy: the target keeps its own)."""
+    W = head.weight.detach()
+    sub = Linear(W.shape[1], ids.shape[0], bias=False, device=W.device, dtype=W.dtype)
+    with torch.no_grad():
+        sub.weight.copy_(W.index_select(0, ids))
+    sub.requires_grad_(False)
+    if pack:
+        sub.pack()
+    return sub
+
+
 def _at_least_2(n: int) -> int:
     return max(n, 2)
 
@@ -122,6 +142,12 @@ class ModelRunner:
         self.cpu_kernel = pack_projections(target)
         if drafter is not None and self.cpu_kernel:
             pack_projections(drafter)
+        # the drafter's LM head: the target's, or the target's rows of the drafter's draft vocabulary
+        # (draft_ids [Vd] maps a draft index to its target id); the head is most of a drafter pass's
+        # bytes (SmolLM2 bf16: 57 MB over 49,152 rows)
+        self.draft_ids = draft_vocabulary(drafter)
+        self.draft_head = target.lm_head if self.draft_ids is None else \
+            head_rows(target.lm_head, torch.from_numpy(self.draft_ids).to(self.device), self.cpu_kernel)
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             log.info("projections: %s", "the CPU kernel (models/cpu_dense.cpp)" if self.cpu_kernel
                      else f"F.linear ({cpu_dense.why_unavailable()})")
@@ -150,7 +176,8 @@ class ModelRunner:
             import torch.fx.experimental._config as fx_config
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
         if self.aot:
-            parts = {"target": target, **({"drafter": drafter} if drafter is not None else {})}
+            parts = {"target": target, **({"drafter": drafter} if drafter is not None else {}),
+                     **({"draft_head": self.draft_head} if self.draft_ids is not None else {})}
             settings = {"page_size": self.page_size, "feature_layers": self.feature_layers,
                         "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype)}
             cache = (None, "rows", None, None)
@@ -199,9 +226,9 @@ class ModelRunner:
         hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, table,
                                                    self.page_size, past_len, ctx_len, block_len, cols)
         write_rows(k_cache, v_cache, rows, k, v)
-        # slot k > 0 drafts position start+k: one 2-D GEMM through the target's LM head
+        # slot k > 0 drafts position start+k: one 2-D GEMM through the drafter's head (see draft_head)
         H = hidden.shape[-1]
-        logits = self.target.logits(hidden[:, 1:].reshape(-1, H)).float()             # [B*(K-1), V]
+        logits = self.draft_head(hidden[:, 1:].reshape(-1, H)).float()                 # [B*(K-1), Vd]
         return logits.log_softmax(-1).view(block.shape[0], block.shape[1] - 1, -1)
 
     # ------------------------------------------------------------------ what the engine calls
@@ -241,7 +268,8 @@ class ModelRunner:
                     ) -> torch.Tensor:
         """One drafter pass: blocks [B, K] see cached context rows < past_len[b], the fresh context
         features ctx [B, C, F] (rows < ctx_len[b]; their K/V are written at past_len[b] + c) and
-        their own first block_len[b] tokens. Returns draft log-probs [B, K-1, V] (float32)."""
+        their own first block_len[b] tokens. Returns draft log-probs [B, K-1, Vd] (float32) over the
+        draft vocabulary (`draft_ids` maps its indices to token ids; None: Vd = V, the identity)."""
         B, C = ctx.shape[:2]
         self.shapes["drafter", B, block.shape[1]] += 1
         if C < 2:  # pad the context to >= 2 rows (masked out by ctx_len)

@@ -93,10 +93,12 @@ class DFlashDrafts:
         block, block_pos = tensor(block_np), tensor(lengths[:, None] + np.arange(K))   # [B, K]
         block_len = tensor(np.array([s.block_size for s in seqs]))
         logprobs = self.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len,
-                                           block_len)                        # [B, K-1, V]
+                                           block_len)                        # [B, K-1, Vd]
         k = min(max(self.ranks(s) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
         top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
+        if self.runner.draft_ids is not None:  # draft-vocabulary indices -> token ids
+            top_ids = self.runner.draft_ids[top_ids]
         self.fed.update(zip(seqs, fed))
         return {s: DraftOutput(top_lp[b, :s.block_size - 1], top_ids[b, :s.block_size - 1])
                 for b, s in enumerate(seqs)}
