@@ -176,8 +176,11 @@ class ModelRunner:
             import torch.fx.experimental._config as fx_config
             fx_config.use_duck_shape = False  # equal sizes (batch == tokens) must not share a symbol
         if self.aot:
-            parts = {"target": target, **({"drafter": drafter} if drafter is not None else {}),
-                     **({"draft_head": self.draft_head} if self.draft_ids is not None else {})}
+            # each graph holds the weights it reads (a package's key names them: a drafter change
+            # leaves the target's package valid)
+            parts = {"target": target}
+            drafting = {"target": target, "drafter": drafter,
+                        **({"draft_head": self.draft_head} if self.draft_ids is not None else {})}
             settings = {"page_size": self.page_size, "feature_layers": self.feature_layers,
                         "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype)}
             cache = (None, "rows", None, None)
@@ -185,7 +188,7 @@ class ModelRunner:
             self._fns[True] = (
                 AOTGraphs("target", self._target_step, parts, (("B", "T"), ("B", "T"), ("B", "P"), ("B",),
                           ("B", "T", "T"), ("S",), ("R",), ("B", "T"), cache, cache, *kept), settings),
-                AOTGraphs("drafter", self._draft_step, parts, (("B", "K"), ("B", "K"), ("B", "C", None), ("B", "C"),
+                AOTGraphs("drafter", self._draft_step, drafting, (("B", "K"), ("B", "K"), ("B", "C", None), ("B", "C"),
                           ("B", "P"), ("B",), ("B",), ("B",), ("S",), ("B", "C"), cache, cache), settings,
                           mins={"K": 3})
                 if drafter is not None else None)
