@@ -395,7 +395,8 @@ def describe_drafter(path: Path, target_dir: Path) -> dict:
         out.update(block_size=c.block_size, num_hidden_layers=c.layers.num_hidden_layers,
                    target_layer_ids=list(c.target_layer_ids), mask_token_id=c.mask_token_id,
                    hidden_size=c.layers.hidden_size, num_key_value_heads=c.layers.num_key_value_heads,
-                   head_dim=c.layers.head_dim)
+                   head_dim=c.layers.head_dim,
+                   draft_vocab=len(c.draft_vocab) if c.draft_vocab is not None else "the whole vocabulary")
         out["params"], out["weights_dtype"] = _params(path)
         c.check_pair(ModelConfig.from_dir(target_dir))
     except (ValueError, OSError) as e:
@@ -436,7 +437,7 @@ def render(r: dict) -> str:
         lines.append("  drafter            none")
     else:
         lines += _describe("drafter", p["drafter"], ("block_size", "target_layer_ids", "num_hidden_layers",
-                                                     "mask_token_id", "params"))
+                                                     "mask_token_id", "draft_vocab", "params"))
     return "\n".join(lines)
 
 
