@@ -2,7 +2,7 @@
 # Session 30 (Intel Xeon with AMX, 2 cores), after the drafter's run on 5,000 chats, quiet machine:
 #  1. the draft vocabulary against the whole head, interleaved by process (FLASHTREE_DRAFT_VOCAB=1,0,1,0:
 #     the head is built at load), C=1, T=0;
-#  2. the bf16 projections on AMX tiles (now prefetching) against vdpbf16ps, processes alternating
+#  2. the bf16 projections on AMX tiles (prefetching, at c66f016; since reverted) against vdpbf16ps, processes alternating
 #     FLASHTREE_AMX=1,0,1,0 (the path is fixed per process): is a one-row step still dearer on tiles?
 #  3. issue 40's one bench run: every method on held-out chats, 128 tokens, T = 0, 0.6, 1.0 (top-p
 #     0.95), C = 1 and 8, dtype auto.

@@ -42,7 +42,6 @@ namespace {
 constexpr int kW = 16;            // panel width: one 16-float vector
 constexpr int kAhead = 16;        // k pairs (64-byte lines) each panel's stream is prefetched ahead
 constexpr int64_t kMaxRows = 256;  // matches MAX_ROWS in cpu_dense.py
-constexpr int64_t kAmxAhead = 2;   // AMX: blocks of 16 k pairs each panel's stream is prefetched ahead
 
 #define FT_BF16 __attribute__((target("avx512f,avx512bf16")))
 
@@ -156,10 +155,6 @@ FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const
       const uint16_t* w0 = wp + q * ps;
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (int64_t j = 0; j < K2; j += 16) {
-        if (j + 16 * kAmxAhead < K2)  // the panels' blocks kAmxAhead steps on: 16 lines each
-          for (int64_t t = 0; t < nq; ++t)
-            for (int64_t l = 0; l < 16; ++l)
-              _mm_prefetch(reinterpret_cast<const char*>(w0 + t * ps + (j + 16 * kAmxAhead + l) * 2 * kW), _MM_HINT_T0);
         _tile_loadd(4, xa + j, K2 * 4);
         _tile_loadd(5, w0 + j * 2 * kW, 64);
         _tile_dpbf16ps(0, 4, 5);
