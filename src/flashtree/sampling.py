@@ -213,5 +213,6 @@ def sample_tensors(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarra
     t = torch.from_numpy
     plan = FilterPlan.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist(), V)
     probs = logits_to_probs(t(logits), t(temperature), t(top_k), t(top_p), t(min_p), plan)
-    uniforms = [None if temperature[r] == 0 else t(u[r:r + 1]) for r in range(R)]
-    return sample(probs, [(r, r + 1) for r in range(R)], uniforms).numpy()
+    # one span: a greedy row's probs are one-hot at its argmax, which any u in [0, 1) draws (its own u
+    # is not read, so it is set to 0)
+    return sample(probs, [(0, R)], [t(np.where(temperature == 0, 0.0, u))]).numpy()

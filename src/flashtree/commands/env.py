@@ -57,7 +57,7 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
     dev = device_info(device)
     return {"versions": versions(), "platform": platform_info(), "device": dev,
             "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
-            "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype", "float32").split()[0]),
+            "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype", "float32")),
             **pair}
 
 
@@ -80,7 +80,7 @@ def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
         return {"error": f"kv_cache_tokens={tokens} cannot hold one sequence at the context limit ({per_seq} "
                          f"tokens with one round's tree): LLM() refuses it"}
     import torch
-    size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    size = getattr(torch, dtype).itemsize
     row = 2 * size * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V
     if drafter:  # its context K/V, and the target's drafter features kept on the same rows
         row += 2 * size * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
@@ -136,7 +136,7 @@ def device_info(device: str = "auto") -> dict:
     info["dtypes"] = dtype_support(dev)
     from ..models.loader import auto_dtype
     dt, why = auto_dtype(dev)
-    info["auto_dtype"] = f"{str(dt).removeprefix('torch.')} ({why})"
+    info["auto_dtype"], info["auto_dtype_why"] = str(dt).removeprefix("torch."), why
     return info
 
 

@@ -107,16 +107,13 @@ def draft_vocabulary(drafter: DFlashDrafter | None) -> np.ndarray | None:
     return np.asarray(drafter.config.draft_vocab, dtype=np.int64)
 
 
-def head_rows(head: torch.nn.Module, ids: torch.Tensor, pack: bool) -> Linear:
+def head_rows(head: torch.nn.Module, ids: torch.Tensor) -> Linear:
     """A bias-free LM head holding rows `ids` of `head`'s weight (a copy: the target keeps its own)."""
     W = head.weight.detach()
     sub = Linear(W.shape[1], ids.shape[0], bias=False, device=W.device, dtype=W.dtype)
     with torch.no_grad():
         sub.weight.copy_(W.index_select(0, ids))
-    sub.requires_grad_(False)
-    if pack:
-        sub.pack()
-    return sub
+    return sub.requires_grad_(False)
 
 
 def _at_least_2(n: int) -> int:
@@ -147,7 +144,9 @@ class ModelRunner:
         # bytes (SmolLM2 bf16: 57 MB over 49,152 rows)
         self.draft_ids = draft_vocabulary(drafter)
         self.draft_head = target.lm_head if self.draft_ids is None else \
-            head_rows(target.lm_head, torch.from_numpy(self.draft_ids).to(self.device), self.cpu_kernel)
+            head_rows(target.lm_head, torch.from_numpy(self.draft_ids).to(self.device))
+        if self.draft_ids is not None and self.cpu_kernel:
+            pack_projections(self.draft_head)
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             log.info("projections: %s", "the CPU kernel (models/cpu_dense.cpp)" if self.cpu_kernel
                      else f"F.linear ({cpu_dense.why_unavailable()})")
