@@ -108,7 +108,20 @@ def test_feature_store_holds_the_targets_features_and_resumes(tiny_pair, tmp_pat
     again = FeatureStore.build(target, rows, [0, 2], path, batch_tokens=64).batch(list(range(11)), 45)
     torch.testing.assert_close(again[3:], want[3:])
     assert all((again[i, :len(rows[i]["ids"])] == 7.0).all() for i in range(3))
-    # a store for other layers is rebuilt, not misread
+    # more rows after the same ones (a larger data set) keep the built rows and add the new ones
+    more = rows + [{"ids": rng.integers(1, 95, int(n)).tolist()} for n in (9, 30)]
+    grown = FeatureStore.build(target, more, [0, 2], path, batch_tokens=64)
+    assert all((grown.batch([i], 45)[0, :len(rows[i]["ids"])] == 7.0).all() for i in range(3))
+    for i in (11, 12):
+        torch.testing.assert_close(grown.batch([i], len(more[i]["ids"]))[0],
+                                   target(torch.tensor([more[i]["ids"]]), torch.arange(len(more[i]["ids"]))[None],
+                                          feature_layers=[0, 2])[1][0], atol=1e-5, rtol=1e-5)
+    # a store for other rows (not a prefix) or other layers is rebuilt, not misread
+    shuffled = FeatureStore.build(target, more[::-1], [0, 2], path, batch_tokens=64)
+    first = torch.tensor([more[-1]["ids"]])
+    torch.testing.assert_close(shuffled.batch([0], first.shape[1])[0],
+                               target(first, torch.arange(first.shape[1])[None], feature_layers=[0, 2])[1][0],
+                               atol=1e-5, rtol=1e-5)
     other = FeatureStore.build(target, rows, [1], path, batch_tokens=64)
     ids = torch.tensor([rows[5]["ids"]])
     want = target(ids, torch.arange(ids.shape[1])[None], feature_layers=[1])[1][0]

@@ -6,10 +6,12 @@ target for them every step is most of a step's cost on a CPU (28 of SmolLM2's 30
 runs the target once over all rows and writes the features to one memory-mapped file in the
 target's dtype, so training memory stays bounded (the file is paged in and out by the OS) however
 many rows there are. Building resumes where it stopped; a store built for other layers, dtype or
-rows is rebuilt. It does not choose rows or batches — the training loop does.
+rows is rebuilt, unless the new rows only add to the old ones (a larger data set): then the
+built rows are kept. It does not choose rows or batches — the training loop does.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,23 @@ from tqdm import tqdm
 # the target's dtype as stored: bfloat16 as its raw 16 bits (numpy has no bfloat16)
 _STORED = {torch.bfloat16: (np.uint16, torch.int16), torch.float16: (np.float16, None),
            torch.float32: (np.float32, None)}
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """A fingerprint of the rows' token ids, in order: a store is reused only for the same rows."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(np.asarray(r["ids"], dtype=np.int64).tobytes() + b"|")
+    return h.hexdigest()[:32]
+
+
+def _extends(meta: dict, want: dict, offsets: np.ndarray, rows: list[dict]) -> bool:
+    """Whether a store built as `meta` holds a prefix of `rows`: same layers, dtype and width,
+    fewer rows, and those rows the first of `rows`."""
+    same = all(meta.get(k) == want[k] for k in ("layers", "dtype", "width"))
+    n = meta.get("rows", 0)
+    return (same and 0 < n < len(rows) and meta.get("tokens") == int(offsets[n])
+            and meta.get("digest") == rows_digest(rows[:n]))
 
 
 @dataclass
@@ -39,10 +58,14 @@ class FeatureStore:
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         meta_path = path.with_suffix(".json")
         want = {"layers": list(layers), "dtype": str(dtype), "rows": len(rows), "tokens": int(offsets[-1]),
-                "width": width}
+                "width": width, "digest": rows_digest(rows)}
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() and path.is_file() else {}
-        fresh = {k: meta.get(k) for k in want} != want
         np_dtype, view = _STORED[dtype]
+        fresh = {k: meta.get(k) for k in want} != want
+        if fresh and _extends(meta, want, offsets, rows):  # more rows after the same ones: keep what is built
+            with path.open("r+b") as f:
+                f.truncate(int(offsets[-1]) * width * np.dtype(np_dtype).itemsize)
+            fresh = False
         data = np.memmap(path, dtype=np_dtype, mode="w+" if fresh else "r+", shape=(int(offsets[-1]), width))
         done = 0 if fresh else int(meta.get("done", 0))
         # rows in chunks, each chunk's rows batched by length so little is padding
