@@ -149,9 +149,9 @@ def test_paced_chunks_cost_at_most_the_stall_and_shrink_as_the_context_grows():
     from types import SimpleNamespace
     pacer = PrefillPacer(break_even=500.0, stall=3.0, unit_s=1e-4, round_s=2e-3)  # allowance 6 ms = 60 units
     assert pacer.fits(decoding=False) is None and PrefillPacer(500.0, 3.0).fits(decoding=True) is None
-    seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=0)  # what `chunks` reads of a Sequence
+    seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=256)  # what `chunks` reads of a Sequence
     sizes = []
-    for start in (0, 400, 1000):
+    for start in (1, 400, 1000):
         seq.prefilled = start
         [chosen] = chunks([seq], 256, pacer.fits(decoding=True))
         work = prefill_work([start], chosen.chunk, 500.0)
@@ -160,6 +160,24 @@ def test_paced_chunks_cost_at_most_the_stall_and_shrink_as_the_context_grows():
     assert sizes[0] > sizes[1] > sizes[2] >= 1 and sizes[0] < 256, sizes
     seq.prefilled = 4000  # nothing fits: still MIN_ROWS rows (every prompt progresses)
     assert chunks([seq], 256, pacer.fits(decoding=True))[0].chunk == MIN_ROWS
+
+
+def test_a_paced_prompt_starts_with_small_chunks_and_grows_them_at_most_twofold():
+    """The learned time per unit may come from unlike forwards (other methods' prefills, short
+    prompts), so a prompt beside decoding streams starts at MIN_ROWS rows and each chunk at most
+    doubles the one before, up to what the allowance buys."""
+    from flashtree.engine.prefill_pacing import MIN_ROWS, PrefillPacer
+    from flashtree.engine.scheduler import chunks
+    from types import SimpleNamespace
+    pacer = PrefillPacer(break_even=500.0, stall=3.0, unit_s=1e-6, round_s=2e-3)  # a cheap guess: 6,000 units
+    seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=0)
+    sizes = []
+    while len(sizes) < 7:
+        [chosen] = chunks([seq], 256, pacer.fits(decoding=True))
+        sizes.append(chosen.chunk)
+        seq.prefilled += chosen.chunk
+    assert sizes == [MIN_ROWS, 2 * MIN_ROWS, 4 * MIN_ROWS, 8 * MIN_ROWS, 16 * MIN_ROWS, 256, 256], sizes
+    assert chunks([seq], 256, None)[0].chunk == 256  # unpaced (nothing decodes): the whole row budget
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree"])

@@ -7,7 +7,9 @@ forward's per unit of `prefill_work` — its rows, each weighted by the keys it 
 late in a long prompt counts for more than one near its start (attention grows with the context:
 a 256-row chunk of the tiny pair takes 16 ms at the start of a prompt and 40-50 ms near 1,800
 tokens). A step that prefills beside decoding streams may then take `stall` times their round
-for its chunks; a step with no stream decoding prefills the scheduler's whole row budget.
+for its chunks, and a prompt's chunks grow at most twofold a step from MIN_ROWS (the learned time
+can come from unlike forwards); a step with no stream decoding prefills the scheduler's whole row
+budget.
 It decides nothing about which prompts prefill (the scheduler's `chunks`) and runs no model.
 """
 from __future__ import annotations
@@ -62,9 +64,19 @@ class PrefillPacer:
         allowed = self.stall * self.round_s
 
         def fits(seqs: list[Sequence], rows: int) -> bool:
-            return rows <= MIN_ROWS or \
-                self.unit_s * prefill_work([s.prefilled for s in seqs], rows, self.break_even) <= allowed
+            return rows <= MIN_ROWS or (rows <= growth_cap(seqs) and
+                                        self.unit_s * prefill_work([s.prefilled for s in seqs], rows,
+                                                                   self.break_even) <= allowed)
         return fits
+
+
+def growth_cap(seqs: list[Sequence]) -> int:
+    """The most rows a paced chunk of `seqs` may have: twice the smallest chunk any of them
+    prefilled last (MIN_ROWS for a prompt not started). The learned time per unit comes from
+    other forwards (other methods' prefills, other contexts, another kernel's fixed cost), so a
+    prompt's chunks grow from small ones its own steps time, not from a guess: one chunk priced
+    from four plain streams' short prompts took 6x their round beside them."""
+    return max(MIN_ROWS, 2 * min(s.chunk if s.prefilled else 0 for s in seqs))
 
 
 def _ema(old: float | None, new: float) -> float:
