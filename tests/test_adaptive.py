@@ -186,9 +186,10 @@ def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     seq.auto = True
     tree = build_ddtree(0, *drafts(L=4, K=3, seed=1), budget=8)
     st = ctl.state(seq, 1)
-    st.last_paths, st.probe_gap, st.undrafted = path_logprobs(tree)[1:], 64, 0  # a fresh curve, no probe due
+    st.probe_gap, st.undrafted = 64, 0  # a fresh curve, no probe due
+    st.recent.append(path_logprobs(tree)[1:])
     for _ in range(20):                                                         # ... whose nodes were all accepted
-        st.calibration.update(st.last_paths, np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
+        st.calibration.update(st.recent[-1], np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
     assert ctl.wants_draft([seq], 1, catch_up=lambda: 0)
     ctl.steady = None
     assert ctl.wants_draft([seq], 1, catch_up=lambda: 20)        # 1 ms more: still pays
@@ -370,7 +371,7 @@ def test_a_request_joining_plain_decoders_of_its_setting_starts_plain(models):
     other = eng.add_request([8, 9, 11], SamplingParams(temperature=1.0, max_tokens=60, ignore_eos=True))
     eng.step()
     assert passes() == before + 1  # another setting drafts at once (the drafter runs for the whole batch)
-    assert eng.adaptive.state(other).last_paths is not None
+    assert eng.adaptive.state(other).recent
 
 
 class FakeSeq:
@@ -397,6 +398,7 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     def probe(seqs_taus, nodes=6, break_even=5.0):  # half-paid: mean tau >= 3; beat: >= 5
         choice = Choice(nodes, 2.5, paths, break_even)
         for s, tau in seqs_taus:
+            ctl.state(s).prefers_plain = True  # a probe: the round drafts after a plain verdict
             ctl.learn(s, tree, list(range(tau)), choice)
         ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
 
@@ -425,6 +427,43 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     assert all(ctl.state(s).probe_gap == 163 for s in batch)               # its loss: (3 - 1.375) / 0.01
 
 
+def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_reads_recent_trees():
+    """Only a probe (a round drafted after a plain verdict) backs off: a streak's round that loses
+    leaves the gap alone, and the next verdict weighs the mean curve of the last RECENT_TREES
+    trees, so one unsure tree among sure ones does not send a sequence to plain rounds."""
+    from flashtree.speculative.adaptive import RECENT_TREES, AdaptiveBudget, Choice, recent_curve
+    ctl = AdaptiveBudget(probe_every=8)
+    ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=2e-4, learn=False)  # 8 nodes: ~1.65 plain rounds
+    ids = np.arange(1, 9).reshape(4, 2)
+    sure = build_ddtree(0, np.log([[0.9, 0.05]] * 4), ids, budget=8)    # confident drafts: tau ~4 expected
+    unsure = build_ddtree(0, np.log([[0.15, 0.1]] * 4), ids, budget=8)  # flat drafts: little expected
+    seq = FakeSeq(prompt=[1, 2, 3])
+    seq.auto = True
+
+    def round_(tree, tau, break_even=1.65):
+        seq.metrics.rounds += 1
+        choice = Choice(tree.size - 1, 2.0, path_logprobs(tree)[1:], break_even)
+        ctl.learn(seq, tree, list(range(tau)), choice)
+        ctl.settle([(seq, choice, tau)])
+
+    for _ in range(RECENT_TREES - 1):
+        round_(sure, 4)
+    st = ctl.state(seq, 1)
+    assert not st.probed and st.probe_gap is None
+    round_(unsure, 1)                       # a streak's round that lost: no back-off
+    assert st.probe_gap is None
+    alone = tau_curve(path_logprobs(unsure)[1:], st.calibration)
+    assert len(st.recent) == RECENT_TREES and recent_curve(st)[-1] > alone[-1]
+    assert ctl.wants_draft([seq], 1)        # the mean of the recent curves still pays ...
+    st.recent.clear()
+    st.recent.append(path_logprobs(unsure)[1:])
+    ctl.steady = None
+    assert not ctl.wants_draft([seq], 1)    # ... the unsure tree's alone does not
+    st.prefers_plain = True                 # after a plain verdict the next drafted round is a probe
+    round_(unsure, 1)
+    assert st.probed and st.probe_gap > 8   # that lost: backed off
+
+
 def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain():
     """The sequences of one drafting round leave it with one probe gap — the largest of theirs,
     then doubled or kept by the shared verdict — so a batch whose sequences came in with different
@@ -439,6 +478,7 @@ def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain()
     def probe(seqs_taus, break_even=5.0):
         choice = Choice(6, 2.5, paths, break_even)
         for s, tau in seqs_taus:
+            ctl.state(s).prefers_plain = True  # a probe: the round drafts after a plain verdict
             ctl.learn(s, tree, list(range(tau)), choice)
         ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
 
@@ -590,6 +630,7 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
 
     def drafted(seq, tau):  # the round costs 5 plain ones: it beat plain decoding when tau >= 5
         repeats(seq, ctl.state(seq))  # as wants_draft does for a round that drafts (a probe, here)
+        ctl.state(seq).prefers_plain = True
         choice = Choice(6, 2.5, paths, 5.0)
         ctl.learn(seq, tree, list(range(tau)), choice)
         ctl.settle([(seq, choice, tau)])

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +62,9 @@ PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again ev
 MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (a probe that feeds
                         # the drafter a long plain stretch costs many plain rounds)
 PROBE_LOSS = 0.01       # and at least as long as keeps a probe's loss below 1 % of plain decoding's time
+RECENT_TREES = 4       # the plain-or-draft verdict reads the mean curve of a sequence's last 4 trees:
+                        # one tree is a noisy guess of the next (real pair, T=0: one unsure tree sent
+                        # a sequence that drafted at tau 2.6 to plain rounds for most of its answer)
 INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
                         # repeating text is where drafts are accepted (the target's confidence is no guide)
@@ -120,6 +124,17 @@ def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
         tau += table[bisect.bisect_left(EDGES, lp)]
         out.append(tau)
     return out
+
+
+def recent_curve(st: AutoState) -> list[float]:
+    """E[tau | N] of st's next tree, guessed as the mean of its last trees' curves under its
+    current calibration, each held at its last value past its own size ([1.0], plain's one token,
+    before any tree)."""
+    curves = [tau_curve(p, st.calibration) for p in st.recent]
+    if len(curves) <= 1:
+        return curves[0] if curves else [1.0]
+    n = max(len(c) for c in curves)
+    return [sum(c[min(i, len(c) - 1)] for c in curves) / len(curves) for i in range(n)]
 
 
 def setting(seq: Sequence) -> tuple:
@@ -377,11 +392,13 @@ class AutoState:
     setting: tuple                        # its sampling setting (see `setting`: a request's never changes)
     metrics: RequestMetrics               # its request's metrics: `rounds` counts its committed rounds
     calibration: Calibration = field(default_factory=Calibration)
-    last_paths: np.ndarray | None = None  # the last drafted tree's path log-probs (root excluded)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_TREES))  # the path log-probs (root
+                                          # excluded) of its last drafted trees, oldest first
     drafted_at: int = 0                   # metrics.rounds after the last round it drafted in (see undrafted)
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
                                           # probe_every (it backs off, see settle)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
+    probed: bool = False                  # its last drafted round came after a plain verdict (a probe)
     drafted: int = 0                      # rounds it drafted in
     started_plain: bool = False           # it began on plain rounds with a probe clock passed on (see state)
     grams: set = field(default_factory=set)  # the REPEAT_NGRAM-grams of its committed tokens so far
@@ -510,8 +527,7 @@ class AdaptiveBudget:
             repeats(s, st)
         if due:
             return True
-        curves = [[1.0] if st.last_paths is None else  # no curve yet (started plain): plain's 1 token
-                  tau_curve(st.last_paths, st.calibration) for st in states]
+        curves = [recent_curve(st) for st in states]
         fixed = batch - len(seqs)
         draft = c.draft(batch) + c.catch_up(catch_up() if catch_up else 0)
         spec = token_rates(curves, c, batch, draft, floor=2, fixed=fixed)
@@ -537,7 +553,7 @@ class AdaptiveBudget:
         """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
         has passed drafts this round (the drafter then runs for the whole batch, so one pass serves
         every due sequence and resets all their gaps together)."""
-        if st.last_paths is None and st.probe_gap is None:
+        if not st.recent and st.probe_gap is None:
             return True
         return self._rounds_to_probe(st) <= 0
 
@@ -604,16 +620,22 @@ class AdaptiveBudget:
             accepted = np.zeros(tree.size, dtype=bool)
             accepted[path] = True
             st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
-        st.last_paths, st.undrafted, st.prefers_plain = choice.paths, 0, False  # a fresh curve (the
-        self.steady = None                                                      # probe's verdict: settle)
+        st.probed = st.prefers_plain  # drafted after a plain verdict: settle judges the probe
+        st.recent.append(choice.paths)
+        st.undrafted, st.prefers_plain = 0, False  # a fresh curve (a probe's gap: settle)
+        self.steady = None
 
     def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
         """After a round's commits: (sequence, its choice, its tau) for each auto sequence that
         drafted. The drafter ran for all of them at once, so they share one verdict on their mean
         tau and one probe gap, the largest of theirs: a round that beat plain decoding (it verified
-        draft nodes and tau >= break_even) resets it to PROBE_EVERY; one that recovered at least
-        half of what it cost over a plain round (tau >= 1 + (break_even - 1) / 2) keeps it; any
-        other doubles it, up to MAX_PROBE_GAP (committed outcomes and measured costs only: lossless).
+        draft nodes and tau >= break_even) resets it to PROBE_EVERY. A probe (a round drafted after
+        a plain verdict) that did not beat it: one that recovered at least half of what it cost over
+        a plain round (tau >= 1 + (break_even - 1) / 2) keeps the gap; any other doubles it, up to
+        MAX_PROBE_GAP (committed outcomes and measured costs only: lossless). A losing round of a
+        drafting streak changes no gap: its sequences' curves said drafting pays, and whether they
+        still do is the next verdict's (one round's tau is noisy; backing off on it stopped drafting
+        that paid 1.8x plain decoding on average).
         A gap after a round that did not beat plain decoding is also at least the probe's loss in
         plain rounds (break_even - tau) / PROBE_LOSS, so a batch whose probes commit a little more
         than a plain round but less than they cost probes rarely. The verdict and the gap are the
@@ -643,7 +665,7 @@ class AdaptiveBudget:
             # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
             if st.drafted > 1 or st.started_plain:
                 judged.append(st)
-        if not judged:
+        if not judged or not (beat or any(st.probed for st in judged)):
             return
         # one gap for the batch, from the one that backed off most (see the docstring)
         base = max(st.probe_gap or self.probe_every for st in judged)
