@@ -117,7 +117,7 @@ def test_kept_features_of_committed_rows_are_the_targets_features_of_those_token
         eng.step()
     assert not wrong and all(len(s.output_ids) == 24 and s.finish_reason == "length" for s in seqs)
     assert len(checked) > 40 and max(checked) > 1  # (rows pending: what the rounds since the last pass committed)
-    assert any(e["path"] != list(range(e["tau"])) for e in eng.round_log)  # accepted nodes were moved down
+    assert any(e.path != list(range(e.tau)) for e in eng.round_log)  # accepted nodes were moved down
 
 
 def test_greedy_and_seeded_runs_repeat_exactly(models):

@@ -113,9 +113,9 @@ def test_topk_1_verifies_exactly_dflashs_chains_and_greedy_equals_ar(llm):
     assert [o.token_ids for o in chain] == [o.token_ids for o in dflash] == ar
     assert len(clog) == len(dlog) > 0
     for c, d in zip(clog, dlog):
-        assert (c["req_id"] - clog[0]["req_id"], c["tree"].tokens, c["tree"].parents, c["tree"].logprobs) == \
-               (d["req_id"] - dlog[0]["req_id"], d["tree"].tokens, d["tree"].parents, d["tree"].logprobs)
-        assert c["path"] == d["path"]
+        assert (c.req_id - clog[0].req_id, c.tree.tokens, c.tree.parents, c.tree.logprobs) == \
+               (d.req_id - dlog[0].req_id, d.tree.tokens, d.tree.parents, d.tree.logprobs)
+        assert c.path == d.path
 
 
 @pytest.mark.parametrize("topk", [1, 2, 3])
@@ -123,10 +123,10 @@ def test_no_node_has_more_than_topk_children_and_greedy_equals_ar(llm, topk):
     ar = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False, method="ar")]
     outs, log = _rounds(llm, budget=7, topk=topk)
     assert [o.token_ids for o in outs] == ar
-    widest = max(max(children(e["tree"])) for e in log)
+    widest = max(max(children(e.tree)) for e in log)
     assert widest == topk  # the cap is reached (a random drafter's depth-1 spread is wide) and never passed
     _, uncapped = _rounds(llm, budget=7)
-    assert max(max(children(e["tree"])) for e in uncapped) > 3  # without a cap the root fans out wider
+    assert max(max(children(e.tree)) for e in uncapped) > 3  # without a cap the root fans out wider
 
 
 def test_the_engine_default_cap_applies_and_a_request_overrides_it(tiny_pair):
@@ -137,7 +137,7 @@ def test_the_engine_default_cap_applies_and_a_request_overrides_it(tiny_pair):
     llm.generate([[3, 4]], GREEDY, use_tqdm=False, budget=2)  # the default cap within a smaller budget
     by_req = {}
     for e in llm.engine.round_log:
-        by_req.setdefault(e["req_id"], []).append(max(children(e["tree"])))
+        by_req.setdefault(e.req_id, []).append(max(children(e.tree)))
     assert [max(v) for _, v in sorted(by_req.items())] == [1, 4, 1]
 
 

@@ -33,7 +33,7 @@ from ..speculative.verify import VerifyOutput
 from .block_manager import BlockManager
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
-from .round import EngineStats, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
+from .round import EngineStats, RoundRecord, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
 from .prefill_pacing import PrefillPacer, break_even_context
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -209,7 +209,7 @@ class Engine:
         self.verifier: Verifier = verify_round  # the round's verify (a test's wrong one must be caught)
         self.timings = RoundTimes()      # seconds per phase, accumulated over all steps
         self.round_times = RoundTimes()  # seconds per phase in the latest step
-        self.round_log: list[dict] | None = None  # set to [] to record every round (trace)
+        self.round_log: list[RoundRecord] | None = None  # set to [] to record every round (trace)
         self.stats = EngineStats()
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
@@ -352,7 +352,7 @@ class Engine:
                                             out.caught_up)
             if self.round_log is not None:
                 for entry in self.round_log[logged:]:
-                    entry["times"] = self.round_times.as_dict()
+                    entry.times = self.round_times
         return self._collect()
 
     def _round(self, batch: list[Sequence], depths: list[int]) -> RoundOutput:
@@ -640,8 +640,7 @@ class Engine:
             s.metrics.budgets.append(choice.nodes)
             s.metrics.predicted_taus.append(choice.predicted_tau)
         if self.round_log is not None:
-            self.round_log.append({"req_id": s.req_id, "tree": tree, "path": path, "bonus": bonus,
-                                   "tau": tau, "predicted_tau": choice and choice.predicted_tau})
+            self.round_log.append(RoundRecord(s.req_id, tree, path, bonus, choice and choice.predicted_tau))
         self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus])
         return probed
 

@@ -119,6 +119,26 @@ class RoundTimes:
 
 
 @dataclass(slots=True)
+class RoundRecord:
+    """One sequence's committed round as `Engine.round_log` keeps it (the trace reads these)."""
+    req_id: int
+    tree: DraftTree                # the tree it verified (its root: the last committed token)
+    path: list[int]                # the accepted nodes, root first
+    bonus: int                     # the token the target drew after them
+    predicted_tau: float | None    # budget="auto": the tau its choice expected
+    times: RoundTimes | None = None  # the step's phase times (set once the step's commits are done)
+
+    @property
+    def tau(self) -> int:
+        return len(self.path)
+
+    @property
+    def committed(self) -> list[int]:
+        """The tokens the round committed: the accepted nodes' tokens, then the bonus."""
+        return [self.tree.tokens[i] for i in self.path[1:]] + [self.bonus]
+
+
+@dataclass(slots=True)
 class EngineStats:
     """The engine's counters since it was built; the server's metrics and the bench read them."""
     rounds: int = 0            # committed rounds (steps that decoded)

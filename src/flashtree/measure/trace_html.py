@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..engine.round import PHASES
+from ..engine.round import PHASES, RoundRecord
 from ..engine.sequence import tau_histogram
 from ..speculative.proposer import METHODS, proposer_class
 
@@ -75,8 +75,8 @@ def layout(parents: list[int], depths: list[int]) -> list[float]:
     return rows
 
 
-def tree_svg(entry: dict, decode) -> str:
-    tree, path = entry["tree"], entry["path"]
+def tree_svg(entry: RoundRecord, decode) -> str:
+    tree, path = entry.tree, entry.path
     on_path = set(path)
     rows = layout(tree.parents, tree.depths)
     x = lambda i: PAD + tree.depths[i] * COL_W
@@ -100,9 +100,9 @@ def tree_svg(entry: dict, decode) -> str:
         fill, stroke = ("#c9f0d3", "#1f7a3a") if i in on_path else ("#ffffff", "#9aa4b2")
         parts.append(_node(x(i), y(rows[i]), visible(text), prob, fill, stroke, cls,
                            f"node {i}, depth {tree.depths[i]}, token id {tok}, text {text!r}, draft p {prob}"))
-    btext = decode([entry["bonus"]])
+    btext = decode([entry.bonus])
     parts.append(_node(bonus_x, bonus_y, visible(btext), "bonus", "#fde7cf", "#d9822b", "node bonus",
-                       f"bonus token id {entry['bonus']}, text {btext!r} (drawn by the target)"))
+                       f"bonus token id {entry.bonus}, text {btext!r} (drawn by the target)"))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -146,20 +146,15 @@ def times_table(times: dict[str, float]) -> str:
     return f'<table class="times"><tr><th>ms</th>{head}</tr><tr><td></td>{cells}</tr></table>'
 
 
-def committed_ids(entry: dict) -> list[int]:
-    """Tokens a round commits: the accepted drafts after the root, then the bonus."""
-    return [entry["tree"].tokens[i] for i in entry["path"][1:]] + [entry["bonus"]]
-
-
-def render(rounds: list[dict], decode, meta: TraceMeta) -> str:
+def render(rounds: list[RoundRecord], decode, meta: TraceMeta) -> str:
     """The whole page: a summary, then one <section class="round"> per logged round."""
-    taus = [e["tau"] for e in rounds]
+    taus = [e.tau for e in rounds]
     total: dict[str, float] = {}
     for e in rounds:
-        for k, v in e.get("times", {}).items():
+        for k, v in _times(e).items():
             total[k] = total.get(k, 0.0) + v
-    colored = "".join(f'<span class="r{i % 2}" title="round {i + 1}, tau {e["tau"]}">'
-                      f'{html.escape(decode(committed_ids(e)))}</span>' for i, e in enumerate(rounds))
+    colored = "".join(f'<span class="r{i % 2}" title="round {i + 1}, tau {e.tau}">'
+                      f'{html.escape(decode(e.committed))}</span>' for i, e in enumerate(rounds))
     mean_tau = sum(taus) / len(taus) if taus else 0.0
     opts = proposer_class(meta.method).options if meta.method in METHODS else ()
     kv = [("method", meta.method), ("budget", meta.budget if "budget" in opts else "-"),
@@ -185,27 +180,30 @@ def render(rounds: list[dict], decode, meta: TraceMeta) -> str:
            'bonus (the target\'s own token)</span><span>percentages: draft probability of the node\'s token'
            '</span></p></section>']
     for n, e in enumerate(rounds, 1):
-        accepted = len(e["path"]) - 1
-        predicted = f' (predicted {e["predicted_tau"]:.2f})' if e.get("predicted_tau") is not None else ""
-        out.append(f'<section class="round" id="round-{n}" data-tau="{e["tau"]}" data-nodes="{e["tree"].size}">'
-                   f'<h2>Round {n} <span class="tau">τ = {e["tau"]}</span>{predicted} · {e["tree"].size - 1} draft nodes · '
-                   f'{accepted} accepted · bonus <code>{html.escape(visible(decode([e["bonus"]])))}</code></h2>'
-                   f'<div>committed: <code>{html.escape(visible(decode(committed_ids(e))))}</code></div>'
-                   f'{times_table(e.get("times", {}))}{tree_svg(e, decode)}</section>')
+        predicted = f' (predicted {e.predicted_tau:.2f})' if e.predicted_tau is not None else ""
+        out.append(f'<section class="round" id="round-{n}" data-tau="{e.tau}" data-nodes="{e.tree.size}">'
+                   f'<h2>Round {n} <span class="tau">τ = {e.tau}</span>{predicted} · {e.tree.size - 1} draft nodes · '
+                   f'{e.tau - 1} accepted · bonus <code>{html.escape(visible(decode([e.bonus])))}</code></h2>'
+                   f'<div>committed: <code>{html.escape(visible(decode(e.committed)))}</code></div>'
+                   f'{times_table(_times(e))}{tree_svg(e, decode)}</section>')
     out.append(f'<script type="application/json" id="trace-data">{_data_json(rounds, meta)}</script>')
     out.append("</body></html>")
     return "\n".join(out)
 
 
-def _first_token(rounds: list[dict], decode) -> str:
+def _times(e: RoundRecord) -> dict[str, float]:
+    return e.times.as_dict() if e.times is not None else {}
+
+
+def _first_token(rounds: list[RoundRecord], decode) -> str:
     """The prefill's token is the root of the first round."""
-    return decode([rounds[0]["tree"].tokens[0]]) if rounds else ""
+    return decode([rounds[0].tree.tokens[0]]) if rounds else ""
 
 
-def _data_json(rounds: list[dict], meta: TraceMeta) -> str:
+def _data_json(rounds: list[RoundRecord], meta: TraceMeta) -> str:
     data = {"meta": {k: getattr(meta, k) for k in TraceMeta.__slots__},
-            "rounds": [{"tau": e["tau"], "predicted_tau": e.get("predicted_tau"), "path": e["path"],
-                        "bonus": e["bonus"], "times": e.get("times", {}),
-                        "tokens": e["tree"].tokens, "parents": e["tree"].parents,
-                        "depths": e["tree"].depths, "logprobs": e["tree"].logprobs} for e in rounds]}
+            "rounds": [{"tau": e.tau, "predicted_tau": e.predicted_tau, "path": e.path,
+                        "bonus": e.bonus, "times": _times(e),
+                        "tokens": e.tree.tokens, "parents": e.tree.parents,
+                        "depths": e.tree.depths, "logprobs": e.tree.logprobs} for e in rounds]}
     return json.dumps(data).replace("</", "<\\/")
