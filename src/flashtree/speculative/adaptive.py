@@ -18,10 +18,11 @@ Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that us
   expected committed tokens / (drafter cost + round cost at T).
 
 `AdaptiveBudget` ties them to the engine: before drafting it says whether the drafter should run
-(the last round's curves re-rated with the current calibration — a plain verdict stands, unread,
-while its batch is unchanged and no probe is due (`Steady`); a sequence that stopped drafting
-re-probes after a gap that doubles while probe rounds do not commit enough tokens to recover
-half their cost over a plain round (the sequences of one drafting round leave it with one gap),
+(each sequence's mean curve of its last RECENT_TREES trees under the current calibration — a
+plain verdict stands, unread, while its batch is unchanged and no probe is due (`Steady`); a
+sequence that stopped drafting re-probes after a gap that doubles while probe rounds (drafting
+rounds after a plain verdict) do not commit enough tokens to recover half their cost over a
+plain round (the sequences of one drafting round leave it with one gap),
 or at once when its text starts repeating itself — the
 committed tokens' last 3-gram occurred earlier in them, where greedy acceptance on the bundled
 pair is twice what it is elsewhere (tau 4.4 vs 2.1) — while drafting in repeating text has
