@@ -134,8 +134,13 @@ def recent_curve(st: AutoState) -> list[float]:
     curves = [tau_curve(p, st.calibration) for p in st.recent]
     if len(curves) <= 1:
         return curves[0] if curves else [1.0]
-    n = max(len(c) for c in curves)
-    return [sum(c[min(i, len(c) - 1)] for c in curves) / len(curves) for i in range(n)]
+    total = [0.0] * max(len(c) for c in curves)  # summed in tree order at every index (plain Python,
+    for c in curves:                             # as tau_curve: a verdict reads it every drafting round)
+        for i, v in enumerate(c):
+            total[i] += v
+        for i in range(len(c), len(total)):
+            total[i] += c[-1]
+    return [t / len(curves) for t in total]
 
 
 def setting(seq: Sequence) -> tuple:
