@@ -9,7 +9,7 @@ import torch
 from flashtree.config import DrafterConfig, ModelConfig
 from flashtree.models.drafter import DFlashDrafter
 from flashtree.models.loader import load_target, save_module
-from flashtree.speculative.adaptive import CostTable
+from flashtree.speculative.costs import CostTable
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

@@ -18,8 +18,9 @@ from flashtree.engine.round import RoundTimes
 from flashtree.errors import UserError
 from flashtree.measure.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
 from flashtree.server.app import create_app
-from flashtree.speculative.adaptive import (BIN_CENTRES, Calibration, CostTable, choose_tokens, tau_curve,
-                                            path_logprobs, prefix)
+from flashtree.speculative.adaptive import prefix
+from flashtree.speculative.calibration import BIN_CENTRES, Calibration, path_logprobs, tau_curve
+from flashtree.speculative.costs import CostTable, choose_tokens
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
 from helpers import cost_table as table, pin, repetitive_prompts
@@ -389,7 +390,8 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     tau >= break_even resets the gaps, 1 + (break_even - 1) / 2 <= tau < break_even keeps them,
     less doubles them; and a gap after a round that lost is at least its loss in plain rounds
     (break_even - tau) / PROBE_LOSS, so probing costs at most PROBE_LOSS of plain decoding."""
-    from flashtree.speculative.adaptive import PROBE_LOSS, AdaptiveBudget, Choice
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    from flashtree.speculative.probes import PROBE_LOSS
     assert PROBE_LOSS == 0.01
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
@@ -431,7 +433,8 @@ def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_read
     """Only a probe (a round drafted after a plain verdict) backs off: a streak's round that loses
     leaves the gap alone, and the next verdict weighs the mean curve of the last RECENT_TREES
     trees, so one unsure tree among sure ones does not send a sequence to plain rounds."""
-    from flashtree.speculative.adaptive import RECENT_TREES, AdaptiveBudget, Choice, recent_curve
+    from flashtree.speculative.adaptive import RECENT_TREES, AdaptiveBudget, Choice
+    from flashtree.speculative.calibration import mean_curve
     ctl = AdaptiveBudget(probe_every=8)
     ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=2e-4, learn=False)  # 8 nodes: ~1.65 plain rounds
     ids = np.arange(1, 9).reshape(4, 2)
@@ -453,7 +456,7 @@ def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_read
     round_(unsure, 1)                       # a streak's round that lost: no back-off
     assert st.probe_gap is None
     alone = tau_curve(path_logprobs(unsure)[1:], st.calibration)
-    assert len(st.recent) == RECENT_TREES and recent_curve(st)[-1] > alone[-1]
+    assert len(st.recent) == RECENT_TREES and mean_curve(st.recent, st.calibration)[-1] > alone[-1]
     assert ctl.wants_draft([seq], 1)        # the mean of the recent curves still pays ...
     st.recent.clear()
     st.recent.append(path_logprobs(unsure)[1:])
@@ -470,7 +473,8 @@ def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain()
     gaps probes again when that gap has passed, not when the first of them is due. A sequence that
     started plain on a passed-on probe clock is judged by its first drafted round (it comes
     mid-text); one that started by drafting is not."""
-    from flashtree.speculative.adaptive import MAX_PROBE_GAP, AdaptiveBudget, Choice, regime, setting
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice, regime, setting
+    from flashtree.speculative.probes import MAX_PROBE_GAP
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
     ctl = AdaptiveBudget(probe_every=8)
@@ -830,3 +834,57 @@ def test_cost_seeding_never_runs_more_than_one_forward_a_step_while_others_decod
     s = idle.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     idle.step()
     assert idle.seeder.done and s.metrics.rounds == 1           # all at once: no stream to stall
+
+
+def test_the_probe_clock_rules_are_pure_functions_of_outcomes_and_costs():
+    """The rules `settle`, `release` and a newcomer's start apply, each on its own numbers:
+    a round that beats plain decoding resets the gap, a half-paid probe keeps it, any other
+    doubles it (at least its loss in plain rounds, at most MAX_PROBE_GAP); only a gap of two
+    unpaid probes is passed on; a newcomer takes the clock of the peer that backed off most."""
+    from flashtree.speculative.probes import (INHERIT_GAP, MAX_PROBE_GAP, beats_plain, gap_after, passed_on,
+                                              peers_clock, rounds_to_probe)
+    assert rounds_to_probe(None, 0, 8) == 7 and rounds_to_probe(16, 15, 8) == 0 and rounds_to_probe(16, 20, 8) < 0
+    assert beats_plain(2.0, 2.0, True) and not beats_plain(3.0, 2.0, False) and not beats_plain(1.9, 2.0, True)
+    assert gap_after(64, 2.0, 2.0, True) is None                 # beat plain decoding
+    assert gap_after(8, 1.5, 2.0, True) == 50                    # half-paid, kept, but lost 0.5 plain rounds
+    assert gap_after(64, 1.96, 2.0, True) == 64                  # half-paid, loss 4 rounds: kept
+    assert gap_after(64, 1.2, 2.0, True) == 128                  # not half-paid: doubled
+    assert gap_after(8, 3.0, 2.0, False) == 16                   # verified nothing: doubled (its "loss" is negative)
+    assert gap_after(MAX_PROBE_GAP, 1.0, 2.0, True) == MAX_PROBE_GAP
+    assert passed_on(INHERIT_GAP - 1, 5) is None and passed_on(None, 5) is None
+    assert passed_on(64, 100) == (64, 63) and passed_on(64, 10) == (64, 10)
+    assert peers_clock([(None, 3), (32, 40), (32, 7)], 8) == (32, 31)
+    assert peers_clock([(None, 3), (None, 5)], 8) == (8, 5)
+
+
+def test_the_verdict_asked_twice_in_a_step_answers_the_same_and_changes_nothing_it_reads():
+    """`wants_draft` and `holds` read state and record a verdict; asking again in the same step
+    (a retried decision) gives the same answer and leaves every sequence's clock and curve as the
+    first asking did — for a drafting verdict, a plain one, and a standing plain verdict."""
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
+    paths = path_logprobs(tree)[1:]
+
+    def clocks(ctl, seqs):
+        return [(st.prefers_plain, st.probe_gap, st.undrafted, st.probed, st.drafted, len(st.recent))
+                for st in map(ctl.state, seqs)]
+
+    for costs, expect in ((table(lambda b, t: 1e-3, draft=1e-4, learn=False), True), (never_pays(), False)):
+        ctl = AdaptiveBudget()
+        ctl.costs = costs
+        seqs = [FakeSeq(prompt=[1, 2, 3 + i]) for i in range(2)]
+        for s in seqs:  # two drafted rounds each: a curve, no probe due
+            for _ in range(2):
+                s.metrics.rounds += 1
+                ctl.learn(s, tree, [0, 1], Choice(6, 2.5, paths, 1.5))
+        ctl.settle([(s, Choice(6, 2.5, paths, 1.5), 2) for s in seqs])
+        answers, states = [], []
+        for _ in range(3):  # the verdict, asked again, and a third time (a plain one then stands: holds)
+            answers.append(ctl.wants_draft(seqs, 2))
+            states.append(clocks(ctl, seqs))
+        assert answers == [expect] * 3 and states[0] == states[1] == states[2]
+        if not expect:
+            assert ctl.holds(seqs, 2) and ctl.holds(seqs, 2)  # reads only: it stands the same a second time
+            for s in seqs:
+                s.metrics.rounds += 8  # past the probe gap: the standing verdict expires
+            assert not ctl.holds(seqs, 2) and ctl.wants_draft(seqs, 2)  # a probe is due

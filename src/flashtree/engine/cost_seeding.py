@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..sampling_params import SamplingParams
-from ..speculative.adaptive import CostTable
+from ..speculative.costs import CostTable
 from ..speculative.tree import chain_tree
 from .round import pack_trees
 from .sequence import Sequence

@@ -27,7 +27,7 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import logits_to_probs
 from ..sampling_params import SamplingParams
-from ..speculative.adaptive import CostTable
+from ..speculative.costs import CostTable
 from ..engine.round import verify_round
 from ..speculative.verify import verify_tree
 

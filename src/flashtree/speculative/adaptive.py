@@ -1,43 +1,31 @@
 """`budget="auto"`: the tree size each round that maximises expected committed tokens per second.
 
-Three pieces (SPEC §2 "Adaptive budget"), and the per-engine controller that uses them:
+The pieces (SPEC §2 "Adaptive budget") live beside this module, each pure: `calibration.py`
+(E[tau | N] of a tree from its draft probabilities, calibrated per sequence), `costs.py` (the
+measured cost of a round by batch and width, the width that is fastest, whether drafting pays) and
+`probes.py` (when a sequence that decodes plainly drafts again). `AdaptiveBudget` is the engine's
+controller; it keeps each auto sequence's state (`AutoState`) and, once a round:
 
-- `Calibration` (one per auto sequence): the acceptance probability of a tree node as a function
-  of its draft *path* log-prob, in fixed bins, each a Beta posterior whose prior is centred on the
-  bin's draft probability — so before any evidence it trusts the drafter — learned from the
-  sequence's own committed rounds (every verified node is one trial; a success is a node on the
-  accepted path). Per sequence is per temperature setting: a request's sampling never changes.
-- `tau_curve`: E[tau | N] = 1 + the calibrated probabilities of the first N nodes summed. Trees
-  are in best-first pop order, so the first N nodes of a budget-M tree are the budget-N tree.
-- `CostTable` (one per engine): measured seconds of the drafter pass by batch size (and per
-  context row it must first catch up on), of the verify forward by (batch size, tokens per
-  sequence) and of the rest of a round by batch size; seeded
-  by timing real forwards on free cache slots (`engine/cost_seeding.py`) and refreshed online from the
-  engine's per-round phase times (an EMA). No hand-written constants.
-- `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding) maximising the batch's
-  expected committed tokens / (drafter cost + round cost at T).
+1. `wants_draft` (before drafting): the drafter runs unless every sequence's verdict is plain —
+   its mean curve of its last RECENT_TREES trees predicts plain decoding is faster, drafter cost
+   included — and none is due for a probe or has repeating text calling one (`repeats`: the
+   committed tokens' last 3-gram occurred earlier, where acceptance is high, while such rounds
+   have gained tokens over plain ones in the regime). A plain verdict stands unread (`Steady`)
+   while its batch is unchanged and no probe is due.
+2. `fit` (after the trees are built): picks the forward width T and cuts each auto sequence's
+   tree to its first T-1 nodes.
+3. `learn` and `settle` (after the commit): the verified nodes train the calibration, the tree
+   becomes the next curve, and the batch's probe gap follows `probes.gap_after`.
+4. `release` (a sequence leaves): a regime whose probes stopped paying passes its clock on.
 
-`AdaptiveBudget` ties them to the engine: before drafting it says whether the drafter should run
-(each sequence's mean curve of its last RECENT_TREES trees under the current calibration — a
-plain verdict stands, unread, while its batch is unchanged and no probe is due (`Steady`); a
-sequence that stopped drafting re-probes after a gap that doubles while probe rounds (drafting
-rounds after a plain verdict) do not commit enough tokens to recover half their cost over a
-plain round (the sequences of one drafting round leave it with one gap),
-or at once when its text starts repeating itself — the
-committed tokens' last 3-gram occurred earlier in them, where greedy acceptance on the bundled
-pair is twice what it is elsewhere (tau 4.4 vs 2.1) — while drafting in repeating text has
-gained tokens over plain decoding in its regime (sampling setting and batch size class);
-after the trees are built it picks T and cuts each auto sequence's tree to its first T-1 nodes;
-after the commit it learns. When a sequence finishes having found that drafting did not pay,
-the next one in the same regime starts on plain rounds where its probe clock stood instead of a
-drafting round (`release`). Every input is committed history, draft probabilities or measured time — never the
-current round's verify draws — so the choice keeps decoding lossless. This module does not build
-trees, verify or sample.
+Every input is committed history, draft probabilities or measured time — never the current
+round's verify draws — so the choice keeps decoding lossless. Decisions read state and return
+(`wants_draft` and `holds` give the same answer asked twice in a step; `fit` changes nothing a
+verdict reads), so a round rerun per sequence decides as the batch did. This module does not
+build trees, verify or sample.
 """
 from __future__ import annotations
 
-import bisect
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,102 +33,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .calibration import Calibration, mean_curve, path_logprobs, tau_curve
+from .costs import CostTable, choose_tokens, drafting_pays
+from .probes import PROBE_EVERY, beats_plain, gap_after, passed_on, peers_clock, rounds_to_probe
 from .tree import DraftTree
 
 if TYPE_CHECKING:
-    from ..engine.round import RoundTimes
     from ..engine.sequence import RequestMetrics, Sequence
 
-# path log-prob bin edges (ascending); 10 bins: (-inf, -6], (-6, -4], ..., (-0.15, 0]
-BIN_EDGES = np.array([-6.0, -4.0, -3.0, -2.2, -1.6, -1.1, -0.7, -0.4, -0.15])
-# each bin's centre: the midpoint of its edges (the open lowest bin: 2 below its upper edge)
-BIN_CENTRES = np.concatenate([[BIN_EDGES[0] - 2.0], (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2, [BIN_EDGES[-1] / 2]])
-PRIOR_COUNT = 2.0       # pseudo-trials of the drafter's own estimate per bin
-PRIOR_HITS = PRIOR_COUNT * np.exp(BIN_CENTRES)  # ... and their pseudo-successes
-EDGES = BIN_EDGES.tolist()
-COST_EMA = 0.2          # weight of a new measurement in the cost table
-PROBE_EVERY = 8         # an auto sequence that stopped drafting drafts again every 8th round ...
-MAX_PROBE_GAP = 1024    # ... a gap that doubles while probes do not pay, up to this (a probe that feeds
-                        # the drafter a long plain stretch costs many plain rounds)
-PROBE_LOSS = 0.01       # and at least as long as keeps a probe's loss below 1 % of plain decoding's time
-RECENT_TREES = 4       # the plain-or-draft verdict reads the mean curve of a sequence's last 4 trees:
+RECENT_TREES = 4        # the plain-or-draft verdict reads the mean curve of a sequence's last 4 trees:
                         # one tree is a noisy guess of the next (real pair, T=0: one unsure tree sent
                         # a sequence that drafted at tau 2.6 to plain rounds for most of its answer)
-INHERIT_GAP = 4 * PROBE_EVERY  # a finished sequence passes on a probe gap this large (two unpaid probes)
 REPEAT_NGRAM = 3        # a plain-decoding sequence whose last 3-gram occurred earlier re-probes at once:
                         # repeating text is where drafts are accepted (the target's confidence is no guide)
 REPEAT_PRIOR = 1.0      # ... while drafting rounds decided in repeating text gained tokens over plain rounds
                         # on the whole (this many to start with): such rounds win big or lose, so the
                         # credit counts tokens gained, not how often a round beat plain decoding
-
-
-# ------------------------------------------------------------------------------- calibration
-def path_logprobs(tree: DraftTree) -> np.ndarray:
-    """[N+1] each node's draft path log-prob: its own log-prob plus its parent's (root 0).
-    Parents precede children in a tree, so one pass suffices."""
-    out = [0.0] * tree.size
-    for i in range(1, tree.size):
-        out[i] = out[tree.parents[i]] + tree.logprobs[i]
-    return np.asarray(out)
-
-
-@dataclass(slots=True)
-class Calibration:
-    """Acceptance rate by draft path log-prob bin: Beta(PRIOR_COUNT * p, PRIOR_COUNT * (1 - p))
-    priors, p = exp(bin centre), updated with the sequence's verified nodes."""
-    hits: np.ndarray = field(default_factory=lambda: np.zeros(len(BIN_CENTRES)))
-    trials: np.ndarray = field(default_factory=lambda: np.zeros(len(BIN_CENTRES)))
-
-    @staticmethod
-    def bins(path_lp: np.ndarray) -> np.ndarray:
-        # bin i holds BIN_EDGES[i-1] < lp <= BIN_EDGES[i] (np.digitize(right=True), without its checks)
-        return np.searchsorted(BIN_EDGES, np.asarray(path_lp, dtype=float), side="left")
-
-    def table(self) -> list[float]:
-        """The calibrated acceptance probability of each bin (posterior means)."""
-        return ((PRIOR_HITS + self.hits) / (PRIOR_COUNT + self.trials)).tolist()
-
-    def rate(self, path_lp: np.ndarray) -> np.ndarray:
-        """Calibrated acceptance probability of nodes with these path log-probs."""
-        return np.asarray(self.table())[self.bins(path_lp)]
-
-    def update(self, path_lp: np.ndarray, accepted: np.ndarray) -> None:
-        """One trial per node; a success when the node is on the accepted path."""
-        idx = self.bins(path_lp)
-        np.add.at(self.trials, idx, 1.0)
-        np.add.at(self.hits, idx, np.asarray(accepted, dtype=float))
-
-
-def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
-    """E[tau | N] for N = 0..len(paths) of a tree whose nodes have these path log-probs (root
-    excluded, `path_logprobs(tree)[1:]`): 1 (the bonus) + the calibrated acceptance probabilities
-    of the first N nodes (a node accepted adds one token; tau = 1 + accepted nodes). Plain Python,
-    as is the rest of a round's choice (token_rates, the cost curve): its arrays are a few dozen
-    numbers, and in a round, right after the forwards, caches are cold and each numpy call costs
-    several microseconds — a numpy verdict took ~320 us there, this one ~170 (bisect_left on the
-    edges is Calibration.bins)."""
-    table = calibration.table()
-    out, tau = [1.0], 1.0
-    for lp in (paths.tolist() if isinstance(paths, np.ndarray) else paths):
-        tau += table[bisect.bisect_left(EDGES, lp)]
-        out.append(tau)
-    return out
-
-
-def recent_curve(st: AutoState) -> list[float]:
-    """E[tau | N] of st's next tree, guessed as the mean of its last trees' curves under its
-    current calibration, each held at its last value past its own size ([1.0], plain's one token,
-    before any tree)."""
-    curves = [tau_curve(p, st.calibration) for p in st.recent]
-    if len(curves) <= 1:
-        return curves[0] if curves else [1.0]
-    total = [0.0] * max(len(c) for c in curves)  # summed in tree order at every index (plain Python,
-    for c in curves:                             # as tau_curve: a verdict reads it every drafting round)
-        for i, v in enumerate(c):
-            total[i] += v
-        for i in range(len(c), len(total)):
-            total[i] += c[-1]
-    return [t / len(curves) for t in total]
 
 
 def setting(seq: Sequence) -> tuple:
@@ -159,216 +67,6 @@ def regime(key: tuple, batch: int) -> tuple:
     batch of 1 it found no probe clock passed on at batch 8, drafted, and 8 rounds later made the
     whole wave probe (T=1, C=8: 9 drafting rounds a 32-request pass, auto 0.97x plain)."""
     return key + (batch.bit_length(),)
-
-
-# ------------------------------------------------------------------------------------- costs
-def interpolate(points: dict[float, float], x):
-    """Piecewise-linear y(x) through measured points; beyond them the nearest segment's slope;
-    from a single point, proportional (y = y0 * x / x0). Never below a microsecond. `x` may be a
-    number (returns a float) or an array (returns an array)."""
-    if isinstance(x, (int, float)) or np.ndim(x) == 0:
-        return max(float(points[x]), 1e-6) if x in points else line(points, [float(x)])[0]
-    return np.array(line(points, np.asarray(x, dtype=float).ravel().tolist())).reshape(np.shape(x))
-
-
-def line(points: dict[float, float], qs) -> list[float]:
-    """`interpolate`'s rule at each of qs (an iterable of numbers; fastest ascending), in plain
-    Python (see tau_curve)."""
-    xs = sorted(points)
-    ys = [points[k] for k in xs]
-    if len(xs) == 1:
-        return [max(ys[0] * q / xs[0], 1e-6) for q in qs]
-    slopes = [(ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]) for i in range(1, len(xs))]
-    last, i, prev, out = len(xs) - 1, 1, -math.inf, []
-    for q in qs:
-        if q < prev:  # not ascending: walk again from the first segment
-            i = 1
-        prev = q
-        while i < last and xs[i] < q:  # segment [xs[i-1], xs[i]] holds q (the end ones extended)
-            i += 1
-        y = ys[i - 1] + slopes[i - 1] * (q - xs[i - 1])
-        out.append(y if y > 1e-6 else 1e-6)
-    return out
-
-
-@dataclass(slots=True)
-class CostTable:
-    """Measured seconds per round component. `learn=False` pins the table (no online refresh, no
-    seeding): a seam for reproducible runs and tests."""
-    verify_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, tokens/seq) -> target forward
-    draft_s: dict[int, float] = field(default_factory=dict)               # batch -> drafter pass + tree build
-    overhead_s: dict[tuple[int, bool], float] = field(default_factory=dict)  # (batch, wide) -> the rest of a
-                                                                          # round (wide: verified > 1 token/seq)
-    walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
-    walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
-    context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
-    learn: bool = True
-    _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
-    _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
-    _passes_seen: set[int] = field(default_factory=set, repr=False)  # batch sizes whose first pass went unrecorded
-
-    @property
-    def measured(self) -> bool:
-        return bool(self.verify_s)
-
-    def _ema(self, table: dict, key, secs: float) -> None:
-        old = table.get(key)
-        table[key] = secs if old is None else (1 - COST_EMA) * old + COST_EMA * secs
-        self._curves.clear()
-
-    def record_verify(self, batch: int, tokens: int, secs: float) -> None:
-        self._ema(self.verify_s, (batch, tokens), secs)
-        self._by_batch = None
-
-    def record_draft(self, batch: int, secs: float) -> None:
-        self._ema(self.draft_s, batch, secs)
-
-    def record_overhead(self, batch: int, tokens: int, secs: float) -> None:
-        self._ema(self.overhead_s, (batch, tokens > 1), secs)
-
-    def verify(self, batch: int, tokens):
-        """The target forward of `batch` sequences x `tokens` (a number or an array of them):
-        interpolated over the tokens measured at this batch size; else from the nearest measured
-        batch size at the same total tokens (batch x tokens), rescaled to this batch's one
-        measured point if it has one (at that point the two agree)."""
-        if not self.verify_s:
-            return None
-        by_batch = self._grouped()
-        own = by_batch.get(batch, {})
-        if len(own) >= 2 or (own and np.all(np.isin(tokens, list(own)))):
-            return interpolate(own, tokens)
-        ref = min(by_batch, key=lambda b: (len(by_batch[b]) < 2, abs(math.log(b / batch))))
-        est = interpolate(by_batch[ref], np.asarray(tokens, dtype=float) * batch / ref)
-        if own:  # one point here: the reference curve's shape, this batch's level
-            (t0, s0), = own.items()
-            est = est * (s0 / interpolate(by_batch[ref], t0 * batch / ref))
-        return est
-
-    def _grouped(self) -> dict[int, dict[int, float]]:
-        """verify_s as batch -> {tokens: seconds} (rebuilt after a record)."""
-        if self._by_batch is None:
-            self._by_batch = {}
-            for (b, t), s in self.verify_s.items():
-                self._by_batch.setdefault(b, {})[t] = s
-        return self._by_batch
-
-    def draft(self, batch: int) -> float | None:
-        return interpolate(self.draft_s, batch) if self.draft_s else None
-
-    def record_catch_up(self, rows: int, secs: float) -> None:
-        """A drafter pass that caught up on `rows` context rows cost `secs` more than a steady pass."""
-        per_row = secs / rows
-        old = self.context_row_s
-        self.context_row_s = per_row if old is None else (1 - COST_EMA) * old + COST_EMA * per_row
-
-    def catch_up(self, rows: int) -> float:
-        """What a drafter pass costs beyond a steady one for `rows` context rows it must first
-        catch up on (decoded plainly since the sequence's last drafting round, beyond a block's
-        worth): each goes through the drafter's context projection and K/V (0 until measured)."""
-        return rows * self.context_row_s if rows and self.context_row_s else 0.0
-
-    def overheads(self, batch: int) -> tuple[float, float]:
-        """The rest of a round of `batch` sequences (all but its model calls and walk): a plain
-        round's and a wider one's, measured apart (a wide round packs trees and commits paths, so
-        one average overprices plain rounds); either stands in for the other until both are measured."""
-        plain, wide = ({b: s for (b, w), s in self.overhead_s.items() if w == kind} for kind in (False, True))
-        if not plain and not wide:
-            return 0.0, 0.0
-        return interpolate(plain or wide, batch), interpolate(wide or plain, batch)
-
-    def record_walk(self, batch: int, tokens: int, secs: float) -> None:
-        """The verify walk (sampling every row, then the accept walk) of a round: a plain round's
-        is the base; a wider one's excess over it, per extra row, is the row cost (with top-p each
-        row is a vocabulary sort, which can cost more than the row's share of the forward)."""
-        if tokens == 1:
-            self._ema(self.walk_s, batch, secs)
-        elif batch in self.walk_s:
-            self._ema(self.walk_row_s, batch, max(secs - self.walk_s[batch], 0.0) / (batch * (tokens - 1)))
-
-    def round_cost(self, batch: int, tokens):
-        """A round without its draft: the verify forward, its sampling walk and the round's other
-        work (`tokens`: a width >= 1, or an array of them). None until a forward is measured."""
-        if isinstance(tokens, int) or np.ndim(tokens) == 0:
-            curve = self.round_costs(batch, int(tokens))
-            return None if curve is None else curve[int(tokens)]
-        tokens = np.asarray(tokens)
-        curve = self.round_costs(batch, int(tokens.max()))
-        return None if curve is None else np.asarray(curve)[tokens]
-
-    def round_costs(self, batch: int, top: int) -> list[float] | None:
-        """round_cost of every width 0..>= top as a list (index 0: nan), kept until the next record:
-        a round's verdict and its fit read it several times, and the table changes once a round."""
-        if not self.verify_s:
-            return None
-        curve = self._curves.get(batch)
-        if curve is None or len(curve) <= top:
-            curve = self._curves[batch] = self._curve(batch, top)
-        return curve
-
-    def _curve(self, batch: int, top: int) -> list[float]:
-        """[nan, round cost of width 1, ..., of width top] (see round_costs)."""
-        own = self._grouped().get(batch, {})
-        widths = range(1, top + 1)
-        verify = line(own, widths) if len(own) >= 2 else self.verify(batch, np.arange(1, top + 1)).tolist()
-        base = interpolate(self.walk_s, batch) if self.walk_s else 0.0
-        row = interpolate(self.walk_row_s, batch) if self.walk_row_s else 0.0
-        plain, wide = self.overheads(batch)
-        # verify + walk (base + row per extra row verified) + the overhead (width 1: a plain round's)
-        return [math.nan] + [v + base + row * batch * (w - 1) + (plain if w == 1 else wide)
-                             for w, v in zip(widths, verify)]
-
-    def observe(self, batch: int, tokens: int, drafted: int, times: RoundTimes, seconds: float,
-                caught_up: int = 0) -> None:
-        """Learn from one round's phase times (`Engine.round_times`) and its whole wall time
-        `seconds` (the step's, less its prefill): the verify forward at its shape; the drafter
-        pass and tree build at the number of sequences it drafted (if any) — or, when the pass
-        `caught_up` on that many context rows (a prompt, or what was decoded plainly since the
-        last drafting round, beyond a block's worth a sequence), what it cost beyond a steady
-        pass, per row (neither the steady pass's cost, which it would inflate, nor nothing, which
-        would underprice the next probe); the sampling walk (it grows with the rows verified);
-        and all the rest — packing, commit, scheduling, Python — which a plain round pays too."""
-        if not self.learn:
-            return
-        self.record_verify(batch, tokens, times.verify_forward)
-        draft = times.draft + times.tree
-        if drafted and not caught_up and drafted not in self._passes_seen:
-            self._passes_seen.add(drafted)  # a first pass at a batch size is a cold call (~100x a steady one, eager)
-        elif drafted and not caught_up:
-            self.record_draft(drafted, draft)
-        elif drafted and self.draft_s:
-            self.record_catch_up(caught_up, max(draft - self.draft(drafted), 0.0))
-        walk = times.verify_walk
-        self.record_walk(batch, tokens, walk)
-        self.record_overhead(batch, tokens, max(seconds - times.verify_forward - draft - walk, 0.0))
-
-
-# -------------------------------------------------------------------------------- the choice
-def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
-                floor: int = 1, fixed: float = 0.0) -> list[tuple[int, float]] | None:
-    """Expected committed tokens per second of the round for each forward width T >= floor (the
-    widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
-    node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences.
-    Returns [(T, rate)] in increasing T, or None while no forward is measured."""
-    top = max([floor] + [len(c) for c in curves])
-    cost = costs.round_costs(batch, top)
-    if cost is None:
-        return None
-    gain = [fixed] * (top + 1)  # gain[T]: the tokens a width-T forward is expected to commit
-    for c in curves:
-        n = len(c)
-        for T in range(floor, top + 1):
-            gain[T] += c[T - 1] if T <= n else c[n - 1]
-    return [(T, gain[T] / (draft_cost + cost[T])) for T in range(floor, top + 1)]
-
-
-def choose_tokens(curves: list, costs: CostTable, batch: int, draft_cost: float,
-                  floor: int = 1, fixed: float = 0.0) -> int:
-    """The forward's tokens per sequence T (1 = plain) with the best expected token rate; ties go
-    to the smaller T. Unmeasured costs: the widest tree (trust the drafter until timed)."""
-    rates = token_rates(curves, costs, batch, draft_cost, floor, fixed)
-    if rates is None:
-        return max([floor] + [len(c) for c in curves])
-    return max(rates, key=lambda tr: (tr[1], -tr[0]))[0]
 
 
 def prefix(tree: DraftTree, nodes: int) -> DraftTree:
@@ -425,15 +123,15 @@ class AutoState:
         self.drafted_at = self.metrics.rounds - rounds
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Steady:
     """A batch whose plain verdict stands without a look at its sequences' states: the same
-    sequences in a batch of the same size, for `rounds` more rounds — until the first of them is
-    due for a probe — unless repeats of `callers` (those with repeat credit) call one. Any drafting
-    round ends it (learn, settle: they change what the verdict read)."""
+    sequences in a batch of the same size, until its first sequence has committed `until` rounds
+    (then the first of them is due for a probe), unless repeats of `callers` (those with repeat
+    credit) call one. Any drafting round ends it (learn, settle: they change what the verdict read)."""
     seqs: list
     batch: int
-    rounds: int
+    until: int      # seqs[0].metrics.rounds at which the verdict expires
     callers: list   # [(seq, its AutoState)]
 
 
@@ -499,9 +197,7 @@ class AdaptiveBudget:
         peers = [st for st in self.states.values() if st.setting == key]
         if not peers or not all(st.prefers_plain for st in peers):
             return None
-        st = max(peers, key=lambda st: (st.probe_gap or self.probe_every, st.undrafted))
-        gap = st.probe_gap or self.probe_every
-        return gap, min(st.undrafted, gap - 1)
+        return peers_clock([(st.probe_gap, st.undrafted) for st in peers], self.probe_every)
 
     def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: Callable[[], int] | None = None,
                     held: int = 0) -> bool:
@@ -527,33 +223,30 @@ class AdaptiveBudget:
         due = not c.measured or not c.draft_s or any(self._due(st) for st in states) \
             or self._repeats_call(callers, batch)
         if not due and all(st.prefers_plain for st in states):  # no new curve since that verdict: it
-            self.steady = Steady(list(seqs), batch, min(self._rounds_to_probe(st) for st in states) - 1, callers)
-            return False                                        # stands until the first of them is due
+            # it stands while the first of them is not due: next round is seqs[0]'s rounds + 1
+            self.steady = Steady(list(seqs), batch, seqs[0].metrics.rounds + min(map(self._rounds_to_probe, states)),
+                                 callers)
+            return False
         for s, st in zip(seqs, states):  # a round that may draft: settle reads whether each one's text repeats
             repeats(s, st)
         if due:
             return True
-        curves = [recent_curve(st) for st in states]
-        fixed = batch - len(seqs)
+        curves = [mean_curve(st.recent, st.calibration) for st in states]
         draft = c.draft(batch) + c.catch_up(catch_up() if catch_up else 0)
-        spec = token_rates(curves, c, batch, draft, floor=2, fixed=fixed)
-        plain = (fixed + len(seqs)) / c.round_cost(batch, 1)
-        wants = bool(spec) and max(r for _, r in spec) > plain
+        wants = drafting_pays(curves, c, batch, draft, fixed=batch - len(seqs))
         for st in states:
             st.prefers_plain = not wants
         return wants
 
     def holds(self, seqs: list[Sequence], batch: int) -> bool:
         """The standing plain verdict (`Steady`) covers these auto sequences in a batch of `batch`
-        for one more round: nothing it read has changed and no repeat of its callers calls a probe.
-        Uses the round up. (Under cProfile a look cost ~5 us a round at T=0, C=8 and ~19 at T=1,
-        C=8, where eight callers' repeats are read.)"""
+        this round: nothing it read has changed, no probe is due and no repeat of its callers calls
+        one. Reads only (asked twice in a step it answers the same). (Under cProfile a look cost
+        ~5 us a round at T=0, C=8 and ~19 at T=1, C=8, where eight callers' repeats are read.)"""
         hold = self.steady
-        if hold is None or hold.rounds <= 0 or hold.batch != batch or hold.seqs != seqs \
-                or (hold.callers and self._repeats_call(hold.callers, batch)):
-            return False
-        hold.rounds -= 1
-        return True
+        return hold is not None and hold.batch == batch and hold.seqs == seqs \
+            and seqs[0].metrics.rounds < hold.until \
+            and not (hold.callers and self._repeats_call(hold.callers, batch))
 
     def _due(self, st: AutoState) -> bool:
         """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
@@ -565,7 +258,7 @@ class AdaptiveBudget:
 
     def _rounds_to_probe(self, st: AutoState) -> int:
         """Rounds after this one before st's probe gap has passed (<= 0: this round)."""
-        return (st.probe_gap or self.probe_every) - st.undrafted - 1
+        return rounds_to_probe(st.probe_gap, st.undrafted, self.probe_every)
 
     @staticmethod
     def _repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
@@ -634,17 +327,12 @@ class AdaptiveBudget:
     def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
         """After a round's commits: (sequence, its choice, its tau) for each auto sequence that
         drafted. The drafter ran for all of them at once, so they share one verdict on their mean
-        tau and one probe gap, the largest of theirs: a round that beat plain decoding (it verified
-        draft nodes and tau >= break_even) resets it to PROBE_EVERY. A probe (a round drafted after
-        a plain verdict) that did not beat it: one that recovered at least half of what it cost over
-        a plain round (tau >= 1 + (break_even - 1) / 2) keeps the gap; any other doubles it, up to
-        MAX_PROBE_GAP (committed outcomes and measured costs only: lossless). A losing round of a
+        tau and one probe gap, `probes.gap_after` from the largest of theirs, set when the round
+        beat plain decoding (back to PROBE_EVERY) or was a probe (a round drafted after a plain
+        verdict; committed outcomes and measured costs only: lossless). A losing round of a
         drafting streak changes no gap: its sequences' curves said drafting pays, and whether they
         still do is the next verdict's (one round's tau is noisy; backing off on it stopped drafting
-        that paid 1.8x plain decoding on average).
-        A gap after a round that did not beat plain decoding is also at least the probe's loss in
-        plain rounds (break_even - tau) / PROBE_LOSS, so a batch whose probes commit a little more
-        than a plain round but less than they cost probes rarely. The verdict and the gap are the
+        that paid 1.8x plain decoding on average). The verdict and the gap are the
         batch's, not each sequence's: one lucky sequence cannot keep the whole batch probing, and
         the batch does not probe whenever its first member is due. A sequence's first drafted round gives
         it no verdict (its acceptance is not yet what it will be) unless it started on plain rounds
@@ -657,9 +345,6 @@ class AdaptiveBudget:
         mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
         break_even = drafted[0][1].break_even
         verified = any(c.nodes > 0 for _, c, _ in drafted)
-        paid = verified and mean_tau >= 1 + (break_even - 1) / 2
-        beat = verified and mean_tau >= break_even  # faster than plain rounds, not just half-way
-        loss_gap = math.ceil((break_even - mean_tau) / PROBE_LOSS)  # the probe lost this many plain rounds x 100
         judged = []
         for seq, _, _ in drafted:
             st = self.state(seq)
@@ -671,17 +356,16 @@ class AdaptiveBudget:
             # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
             if st.drafted > 1 or st.started_plain:
                 judged.append(st)
-        if not judged or not (beat or any(st.probed for st in judged)):
+        if not judged or not (beats_plain(mean_tau, break_even, verified) or any(st.probed for st in judged)):
             return
         # one gap for the batch, from the one that backed off most (see the docstring)
-        base = max(st.probe_gap or self.probe_every for st in judged)
-        gap = None if beat else min(max(base * (1 if paid else 2), loss_gap), MAX_PROBE_GAP)
+        gap = gap_after(max(st.probe_gap or self.probe_every for st in judged), mean_tau, break_even, verified)
         for st in judged:
             st.probe_gap = gap
 
     def release(self, seq: Sequence) -> None:
-        """The sequence left the engine. If it finished with its last two probe rounds unpaid (a
-        gap of at least INHERIT_GAP), the next sequence of its regime starts where it
+        """The sequence left the engine. If it finished with its last two probe rounds unpaid
+        (`probes.passed_on`), the next sequence of its regime starts where it
         left off: plain rounds, its probe clock where this one's stood (the plain rounds since
         its last probe count), so the setting re-probes as one long sequence would — not a
         drafting round and a probe every 8, 16, 32 rounds, which every request otherwise pays (at
@@ -691,10 +375,8 @@ class AdaptiveBudget:
         st = self.states.pop(seq, None)
         if st is None or not seq.finished:  # preempted: it comes back with a fresh state
             return
-        if (st.probe_gap or 0) >= INHERIT_GAP:
-            self.starts[regime(st.setting, st.batch)] = (st.probe_gap, min(st.undrafted, st.probe_gap - 1))
+        clock, key = passed_on(st.probe_gap, st.undrafted), regime(st.setting, st.batch)
+        if clock is not None:
+            self.starts[key] = clock
         else:
-            self.starts.pop(regime(st.setting, st.batch), None)
-
-
-# ----------------------------------------------------------------------------- seeding costs
+            self.starts.pop(key, None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import RequestError, UserError
-from .adaptive import choose_tokens
+from .costs import choose_tokens
 from .proposer import DraftShape, Proposer
 from .tree import DraftTree, chain_tree
 
