@@ -77,7 +77,9 @@ class OpenAIServer:
 
     def check_host(self, request: Request) -> None:
         """Serve only the Host names allowed (loopback names on a loopback bind): a web page on
-        another origin that rebinds its DNS name to 127.0.0.1 is refused."""
+        another origin that rebinds its DNS name to 127.0.0.1 is refused. (Starlette's
+        TrustedHostMiddleware makes the same check but answers a plain-text "Invalid host header";
+        a client here gets the OpenAI error body naming the names that are allowed.)"""
         if self.allowed_hosts is None:
             return
         host = request.headers.get("host", "")
