@@ -79,7 +79,7 @@ def memory() -> None:
         "unpaged_tokens": unpaged_tokens, "unpaged_mib": unpaged_tokens * per_token / 2**20,
         "concurrent_requests": 64, "completed": sum(s.finish_reason == "length" for s in seqs),
         "identical_to_c1": [s.output_ids for s in seqs] == alone, "peak_pages_used": peak,
-        "pages_total": eng.blocks.pages_total, "preemptions": eng.scheduler.preemptions, "c64_seconds": t_c64}
+        "pages_total": eng.blocks.pages_total, "preemptions": eng.stats.preemptions, "c64_seconds": t_c64}
     print("memory:", report["memory"], flush=True)
     del llm, eng
 

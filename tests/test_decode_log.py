@@ -20,6 +20,7 @@ from flashtree import LLM
 from flashtree.cli import main
 from flashtree.measure.exactness import target_drafts
 from flashtree.engine.block_manager import BlockManager
+from flashtree.engine.round import EngineStats
 from flashtree.server.app import create_app
 from flashtree.server.logs import DecodeBatchLog, JsonFormatter, configure_logging
 from serving import Running, free_port, wait_for
@@ -61,26 +62,36 @@ def recorder():
 
 # ------------------------------------------------------------------------------------ the window
 def _engine(running=(), waiting=0, batch=4, max_len=100):
-    """An engine's queues, and a real block manager whose pages hold the running sequences' rows
-    (two-token pages: kv used = rows held / batch * max_len)."""
+    """An engine's queues, its counters (a real `EngineStats`, which the log reads as it reads the
+    engine's), and a real block manager whose pages hold the running sequences' rows (two-token
+    pages: kv used = rows held / batch * max_len)."""
     blocks = BlockManager(batch * max_len // 2 + 1, 2, batch, max_len)
     for n in running:
         assert blocks.reserve(blocks.allocate(), n)
     return SimpleNamespace(running=[SimpleNamespace(length=n) for n in running], waiting=[None] * waiting,
-                           config=SimpleNamespace(max_batch_size=batch), max_model_len=max_len, blocks=blocks)
+                           config=SimpleNamespace(max_batch_size=batch), max_model_len=max_len, blocks=blocks,
+                           stats=EngineStats())
+
+
+def _rounds(eng, method: str, taus: list[int]) -> None:
+    """One sequence of `method` committed these request-rounds (tau each, bonus included)."""
+    for tau in taus:
+        eng.stats.request_round(method, tau)
 
 
 def test_line_format_and_values_over_the_interval(recorder):
     d = DecodeBatchLog(10.0, "ddtree")
     eng = _engine(running=(50, 98), waiting=1)
-    d.begin(100.0)
-    d.record("ddtree", [3, 4])
-    d.record("ddtree", [2])
-    d.generated(9)
+    _rounds(eng, "ar", [1, 1])  # counted before the window opened: not in any line
+    eng.stats.generated_tokens += 2
+    d.begin(eng, 100.0)
+    _rounds(eng, "ddtree", [3, 4])
+    _rounds(eng, "ddtree", [2])
+    eng.stats.generated_tokens += 9
     assert d.tick(eng, 105.0) is None and not recorder.records  # the interval is not over
-    d.begin(105.0)  # a window is open: begin() does not restart it
-    d.record("ddtree", [4, 3])
-    d.generated(7)
+    d.begin(eng, 105.0)  # a window is open: begin() does not restart it
+    _rounds(eng, "ddtree", [4, 3])
+    eng.stats.generated_tokens += 7
     stats = d.tick(eng, 110.0)
     [(_, line)] = recorder.lines()
     assert recorder.records[0].getMessage() == ("decode batch: running 2, waiting 1, kv used 37%, accept len 3.20, "
@@ -88,13 +99,13 @@ def test_line_format_and_values_over_the_interval(recorder):
     assert line["accept_len"] == 3.20 and stats["accept_len"] == pytest.approx(16 / 5)
     assert stats["gen_throughput"] == pytest.approx(16 / 10) and stats["kv_used_pct"] == pytest.approx(37.0)
     # the next interval starts from zero; an idle loop drops the partial window
-    d.record("ar", [1])
-    d.generated(1)
+    _rounds(eng, "ar", [1])
+    eng.stats.generated_tokens += 1
     d.idle()
-    d.begin(200.0)
-    d.record("ar", [1, 1])
-    d.record("dflash", [5])
-    d.generated(8)
+    d.begin(eng, 200.0)
+    _rounds(eng, "ar", [1, 1])
+    _rounds(eng, "dflash", [5])
+    eng.stats.generated_tokens += 8
     d.tick(eng, 204.0)
     stats = d.tick(eng, 210.0)
     assert stats["accept_len"] == pytest.approx(7 / 3) and stats["gen_throughput"] == pytest.approx(0.8)
@@ -104,12 +115,14 @@ def test_line_format_and_values_over_the_interval(recorder):
 def test_no_line_without_rounds_off_or_idle(recorder):
     for interval in (None, 0):
         d = DecodeBatchLog(interval, "ddtree")
-        d.begin(0.0)
-        assert d.tick(_engine(), 1e6) is None
+        eng = _engine()
+        d.begin(eng, 0.0)
+        assert d.tick(eng, 1e6) is None
     d = DecodeBatchLog(1.0, "dflash")
     assert d.tick(_engine(), 1e6) is None  # no window was ever opened: nothing ran
-    d.begin(0.0)
-    stats = d.tick(_engine(waiting=3), 2.0)  # a window of prefills only
+    eng = _engine(waiting=3)
+    d.begin(eng, 0.0)
+    stats = d.tick(eng, 2.0)  # a window of prefills only
     assert stats["accept_len"] == 0.0 and stats["method"] == "dflash" and stats["waiting"] == 3
     assert len(recorder.lines()) == 1
 

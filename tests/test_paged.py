@@ -46,7 +46,7 @@ def test_prefix_hits_across_requests_with_different_suffixes_change_no_token(mod
     warm = [drain(eng, [p])[0] for p in prompts]  # one at a time: each later request can hit the earlier pages
     assert warm == cold
     # requests 2..6 each reuse the 9 full pages (36 tokens) of the shared prefix
-    assert eng.scheduler.prefix_hit_tokens == 5 * 36, eng.scheduler.prefix_hit_tokens
+    assert eng.stats.prefix_hit_tokens == 5 * 36, eng.stats.prefix_hit_tokens
     assert drain(eng, prompts) == cold  # and all at once, with the pages cached from before
 
 
@@ -86,7 +86,7 @@ def test_drafter_requests_reuse_the_pages_any_method_filled(code_pair, first, la
     assert warm.metrics.accept_lengths == cold.metrics.accept_lengths  # the same drafter context
     assert max(cold.metrics.accept_lengths) > 1                        # (which drafted at all)
     full = (len(prompt) + len(s0.output_ids) - 1) // 4  # the first request's full pages
-    assert eng.scheduler.prefix_hit_tokens == 4 * full, (eng.scheduler.prefix_hit_tokens, full)
+    assert eng.stats.prefix_hit_tokens == 4 * full, (eng.stats.prefix_hit_tokens, full)
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token(models):
@@ -94,7 +94,7 @@ def test_a_fully_cached_prompt_still_computes_its_last_token(models):
     eng = engine(models)
     first = drain(eng, [prompt])
     assert drain(eng, [prompt]) == first
-    assert eng.scheduler.prefix_hit_tokens == 36  # 9 pages: the 10th holds the token whose logits are needed
+    assert eng.stats.prefix_hit_tokens == 36  # 9 pages: the 10th holds the token whose logits are needed
 
 
 def test_a_steps_prefill_chunks_pad_to_no_more_than_the_budget_and_change_no_token(models):
@@ -221,7 +221,7 @@ def test_preemption_when_pages_run_out_recomputes_and_changes_no_token(models, m
     eng = engine(models, method=method, max_batch_size=6, kv_cache_tokens=400, max_budget=16,
                  enable_prefix_caching=method == "ddtree")
     assert drain(eng, prompts, params) == ref
-    assert eng.scheduler.preemptions > 0
+    assert eng.stats.preemptions > 0
 
 
 def test_memory_follows_kv_cache_tokens_not_slots_times_context(models):
@@ -261,7 +261,7 @@ def test_everything_at_once_changes_no_token(models):
     while eng.has_work():
         eng.step()
     assert [s.output_ids for s in seqs] == alone
-    assert eng.scheduler.preemptions > 0 and eng.scheduler.prefix_hit_tokens > 0
+    assert eng.stats.preemptions > 0 and eng.stats.prefix_hit_tokens > 0
     assert eng.blocks.used == 0 and eng.blocks.free_slots == 6
 
 
@@ -274,10 +274,10 @@ def test_reset_prefix_cache_makes_the_next_request_prefill_again(models):
     assert not eng.reset_prefix_cache()  # a request holds pages: refused
     while eng.has_work():
         eng.step()
-    hits = eng.scheduler.prefix_hit_tokens
+    hits = eng.stats.prefix_hit_tokens
     assert hits == 36 and seq.output_ids
     assert eng.reset_prefix_cache()
-    assert drain(eng, prompts[:1]) == first and eng.scheduler.prefix_hit_tokens == hits  # no new hit
+    assert drain(eng, prompts[:1]) == first and eng.stats.prefix_hit_tokens == hits  # no new hit
 
 
 def test_a_round_keeps_the_pages_its_next_round_reserves_and_no_more(models):

@@ -326,6 +326,8 @@ class Engine:
         self.round_times = RoundTimes()
         decoding = any(s.decoding and not s.finished for s in self.running)
         plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
+        self.stats.prefix_hit_tokens += plan.prefix_hit_tokens
+        self.stats.preemptions += len(plan.preempted)
         for s in plan.preempted:  # recomputed from its tokens when readmitted
             self.proposers[s.method].release(s)
             self.adaptive.release(s)
@@ -633,6 +635,7 @@ class Engine:
         s.length += tau
         s.metrics.rounds += 1
         s.metrics.accept_lengths.append(tau)
+        self.stats.request_round(s.method, tau)
         probed = choice is not None and choice.paths is not None
         if probed:
             self.adaptive.learn(s, tree, path, choice)
@@ -658,7 +661,7 @@ class Engine:
     # ---------------------------------------------------------------- stops and retirement
     def _emit(self, s: Sequence, new: list[int]) -> None:
         """Append committed tokens, applying stop ids, max_tokens and stop strings."""
-        p = s.params
+        p, before = s.params, len(s.output_ids)
         for tok in new:
             s.output_ids.append(tok)
             if tok in s.stop_ids:
@@ -674,6 +677,7 @@ class Engine:
                 s.text_end = min(hits)
                 s.finish_reason = "stop"
         s.metrics.completion_tokens = len(s.output_ids)
+        self.stats.generated_tokens += len(s.output_ids) - before
 
     def _release(self, s: Sequence) -> None:
         if self.drafts is not None and s.slot >= 0 and s.finish_reason != "error":

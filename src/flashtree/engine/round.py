@@ -3,12 +3,15 @@
 draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
 `VerifyInput` (flat padded arrays + ancestor visibility, on the host for the walk and on the device
 for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`, through a
-`Verifier`) -> commit. Nothing here runs a model.
+`Verifier`) -> commit. Also the records the engine keeps of its rounds: phase times (`RoundTimes`),
+each committed request-round for the trace (`RoundRecord`) and its cumulative counters
+(`EngineStats`). Nothing here runs a model or publishes a metric.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -140,10 +143,34 @@ class RoundRecord:
 
 @dataclass(slots=True)
 class EngineStats:
-    """The engine's counters since it was built; the server's metrics and the bench read them."""
-    rounds: int = 0            # committed rounds (steps that decoded)
-    forwards: int = 0          # target verify forwards
-    seqs_in_forwards: int = 0  # sequences in those forwards (their mean batch = this / forwards)
+    """The engine's cumulative counters since it was built (`Engine.stats`), the one record the
+    server's decode-batch log and Prometheus metrics and the bench read. Each counts where its
+    fact happens in the engine; a reader keeps a `snapshot()` and takes `since(it)` later, so
+    no reader keeps counters of its own."""
+    rounds: int = 0             # committed rounds (steps that decoded)
+    forwards: int = 0           # target verify forwards
+    seqs_in_forwards: int = 0   # sequences in those forwards (their mean batch = this / forwards)
+    request_rounds: int = 0     # rounds committed per sequence (one per sequence per committed round)
+    committed_tokens: int = 0   # tokens those request-rounds committed, bonus included (the sum of tau)
+    generated_tokens: int = 0   # tokens emitted to requests (a prefill's first token included)
+    prefix_hit_tokens: int = 0  # prompt tokens adopted from the prefix cache, not computed
+    preemptions: int = 0        # sequences sent back to the queue because pages ran out
+    rounds_by_method: Counter[str] = field(default_factory=Counter)  # request-rounds per method
+
+    def request_round(self, method: str, tau: int) -> None:
+        """One sequence committed tau tokens (bonus included) in a round of `method`."""
+        self.request_rounds += 1
+        self.committed_tokens += tau
+        self.rounds_by_method[method] += 1
+
+    def snapshot(self) -> EngineStats:
+        """A copy that later counting leaves alone."""
+        return replace(self, rounds_by_method=Counter(self.rounds_by_method))
+
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """What was counted after `earlier` (a snapshot of this record), field by field."""
+        return EngineStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
+
 
 # draw(batch, vin, logits) -> [B, T] the target's draw at every node, on the host (the engine's sampler)
 Draw = Callable[[list, VerifyInput, torch.Tensor], np.ndarray]

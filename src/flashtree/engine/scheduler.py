@@ -15,6 +15,8 @@ fit; the pages its prompt shares with cached ones (prefix caching) are adopted, 
 It runs no model and knows no method; the engine tells it how many rows a sequence's round may
 write (`round_rows`) and whether a prefix hit needs drafted pages (`match_drafted`: with a drafter,
 every request writes its drafter rows, so every request matches only pages that hold them).
+It keeps no counters: each step's `Schedule` says whom it preempted and how many prompt tokens its
+admissions adopted from the prefix cache, and the engine counts those (`EngineStats`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .sequence import Sequence
 class Schedule:
     prefills: list[Sequence] = field(default_factory=list)   # each computes its next `chunk` prompt tokens
     preempted: list[Sequence] = field(default_factory=list)  # sent back to the queue this step
+    prefix_hit_tokens: int = 0  # prompt tokens the sequences admitted this step adopted from the prefix cache
 
 
 def _rest(s: Sequence) -> int:
@@ -76,8 +79,6 @@ class Scheduler:
         self.round_rows, self.match_drafted = round_rows, match_drafted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []   # in admission order
-        self.preemptions = 0                # a counter
-        self.prefix_hit_tokens = 0          # prompt tokens not computed thanks to the prefix cache (a counter)
 
     def schedule(self, fits: Callable[[list[Sequence], int], bool] | None = None) -> Schedule:
         """fits: the pacing test of this step's prefill chunks (see `chunks`; None: the row budget only)."""
@@ -87,7 +88,8 @@ class Scheduler:
                 self._reserve(s, s.length + self.round_rows(s), out)
         prefilling = [s for s in self.running if not s.decoding and not s.finished]
         left = self.max_num_batched_tokens - sum(_rest(s) for s in prefilling)
-        while left > 0 and self.waiting and len(self.running) < self.max_batch_size and self._admit(self.waiting[0]):
+        while (left > 0 and self.waiting and len(self.running) < self.max_batch_size
+               and self._admit(self.waiting[0], out)):
             s = self.waiting.popleft()
             self.running.append(s)
             prefilling.append(s)
@@ -95,9 +97,9 @@ class Scheduler:
         out.prefills = chunks(prefilling, self.max_num_batched_tokens, fits)
         return out
 
-    def _admit(self, s: Sequence) -> bool:
-        """A slot for s, the cached pages of its prompt's prefix, and pages for the rest of it and
-        its first round (so a prefill, once admitted, never waits for pages)."""
+    def _admit(self, s: Sequence, out: Schedule) -> bool:
+        """A slot for s, the cached pages of its prompt's prefix (counted in `out`), and pages for
+        the rest of it and its first round (so a prefill, once admitted, never waits for pages)."""
         b = self.blocks
         if not b.free_slots:
             return False
@@ -109,7 +111,7 @@ class Scheduler:
             b.free(slot)
             return False
         s.slot, s.prefilled, s.length = slot, hit, hit
-        self.prefix_hit_tokens += hit
+        out.prefix_hit_tokens += hit
         return True
 
     def _reserve(self, s: Sequence, rows: int, out: Schedule) -> bool:
@@ -129,7 +131,6 @@ class Scheduler:
         self.blocks.free(s.slot)
         s.slot, s.prefilled, s.length, s.decoding = -1, 0, 0, False
         self.waiting.appendleft(s)
-        self.preemptions += 1
 
     def release(self, s: Sequence) -> None:
         """A finished or aborted sequence leaves: its slot and pages go back."""

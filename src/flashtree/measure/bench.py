@@ -223,13 +223,13 @@ def our_pass(llm, prompt_ids: list[list[int]], params: list[SamplingParams], cfg
     if not eng.reset_prefix_cache():
         raise RuntimeError("bench: a pass started while requests were still running")
     eng.timings.clear()
-    forwards = eng.stats.forwards
+    before = eng.stats.snapshot()
     t0 = time.perf_counter()
     outs = llm.generate(prompt_ids, params, use_tqdm=False, method=cfg.method, budget=cfg.budget, topk=cfg.topk)
     seconds = time.perf_counter() - t0
     return Pass(seconds=seconds, tokens=sum(o.metrics.completion_tokens for o in outs),
                 accept_lengths=[t for o in outs for t in o.metrics.accept_lengths],
-                steps=eng.stats.forwards - forwards, timings=eng.timings.as_dict(),
+                steps=eng.stats.since(before).forwards, timings=eng.timings.as_dict(),
                 token_ids=[o.token_ids for o in outs], budgets=[b for o in outs for b in o.metrics.budgets],
                 predicted_taus=[t for o in outs for t in o.metrics.predicted_taus])
 

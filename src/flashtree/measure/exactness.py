@@ -96,7 +96,7 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
         eng.step()
     taus = [t for s in seqs for t in s.metrics.accept_lengths]
     if stats is not None:
-        stats["prefix_hit_tokens"] = eng.scheduler.prefix_hit_tokens
+        stats["prefix_hit_tokens"] = eng.stats.prefix_hit_tokens
     counts = Counter(tuple(s.output_ids[:n_tokens]) for s in seqs)
     return counts, (sum(taus) / len(taus) if taus else 0.0)
 

@@ -4,9 +4,10 @@ HTTP handlers never touch the engine. They hand requests and aborts to the loop 
 a thread-safe inbox (`submit`, `abort`) and receive `Update`s on their own asyncio queue
 (`Channel`), posted with `loop.call_soon_threadsafe`. Between rounds the loop drains the inbox,
 so requests join and leave the running batch at round boundaries (continuous batching) and an
-aborted request's KV slot is freed before the next round. The loop also records metrics, logs
-one line per finished request and, every `log_interval_s` while there is work, the decode-batch
-line (logs.py).
+aborted request's KV slot is freed before the next round. The loop also records metrics — the
+engine-wide ones as differences of the engine's counters (`engine.stats`), the per-request-round
+histograms from each request's `RequestMetrics` — logs one line per finished request and, every
+`log_interval_s` while there is work, the decode-batch line (logs.py).
 
 `TextDelta` turns successive full texts into increments that are safe to stream. Response
 formatting and HTTP live in app.py.
@@ -140,11 +141,10 @@ class AsyncEngine:
         self._gate = threading.Lock()   # orders submit's put against the loop's close: no orphans
         self._closed = False            # set (under _gate) when the loop thread stops for good
         self._live: dict[Sequence, _Live] = {}
-        self._stats = (0, 0)  # (forwards, seqs_in_forwards) already recorded
         self._thread = threading.Thread(target=self._run, name="flashtree-engine", daemon=True)
         metrics.kv_slots_total.set(self.engine.blocks.num_slots)
         metrics.kv_pages_total.set(self.engine.blocks.pages_total)
-        self._counted = (0, 0)  # (prefix-cache hit tokens, preemptions) already recorded
+        self._published = self.engine.stats.snapshot()  # the engine's counters the metrics hold already
 
     # ------------------------------------------------------------ called from the event loop
     def start(self) -> None:
@@ -214,7 +214,7 @@ class AsyncEngine:
                     log.exception("engine loop: command %s failed", cmd[0])
             self._expire_waiting()
             if self.engine.has_work():
-                self.decode_log.begin(time.perf_counter())
+                self.decode_log.begin(self.engine)
                 try:
                     self._publish(self.engine.step())
                 except Exception as e:  # the engine isolates request failures: this one is its own
@@ -323,20 +323,13 @@ class AsyncEngine:
 
     def _publish(self, events) -> None:
         now = time.perf_counter()
-        stats = self.engine.stats
-        forwards, seqs = stats.forwards - self._stats[0], stats.seqs_in_forwards - self._stats[1]
-        self._stats = (stats.forwards, stats.seqs_in_forwards)
-        if forwards:
-            self.metrics.rounds.inc(forwards)
-            self.metrics.batch_size.observe(seqs / forwards)
+        self._count()  # before any request finishes: its response never runs ahead of the counters
         for seq, live in self._live.items():
             taus = seq.metrics.accept_lengths[live.rounds_seen:]
             if seq.auto:  # one chosen budget per committed round, like taus
                 self.metrics.record_budgets(seq.method, seq.metrics.budgets[live.rounds_seen:])
             live.rounds_seen += len(taus)
             self.metrics.record_request_rounds(seq.method, taus)
-            self.decode_log.record(seq.method, taus)
-        self.decode_log.generated(sum(len(ev.new_ids) for ev in events))
         for ev in events:
             live = self._live.get(ev.seq)
             if live is None:
@@ -377,10 +370,18 @@ class AsyncEngine:
         m.running.set(len(e.running))
         m.kv_slots_used.set(e.blocks.num_slots - e.blocks.free_slots)
         m.kv_pages_used.set(e.blocks.used)
-        hits, preempts = e.scheduler.prefix_hit_tokens, e.scheduler.preemptions
-        m.prefix_hit_tokens.inc(hits - self._counted[0])
-        m.preemptions.inc(preempts - self._counted[1])
-        self._counted = (hits, preempts)
+        self._count()
+
+    def _count(self) -> None:
+        """What the engine's counters (`engine.stats`) counted since the last call, onto the
+        Prometheus counters; the verify forwards' mean batch onto the batch-size histogram."""
+        m, stats = self.metrics, self.engine.stats
+        new, self._published = stats.since(self._published), stats.snapshot()
+        if new.forwards:
+            m.rounds.inc(new.forwards)
+            m.batch_size.observe(new.seqs_in_forwards / new.forwards)
+        m.prefix_hit_tokens.inc(new.prefix_hit_tokens)
+        m.preemptions.inc(new.preemptions)
 
 
 def _cost(seq: Sequence) -> int:

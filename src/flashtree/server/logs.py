@@ -1,15 +1,17 @@
 """Server logs for operators: the periodic decode-batch line and the log format (text or JSON).
 
-`DecodeBatchLog` is fed by the engine loop thread (async_engine.py) after every step and, every
-`interval_s` seconds while there is work, logs one line in a fixed, grep-friendly format:
+`DecodeBatchLog` is driven by the engine loop thread (async_engine.py) around every step and,
+every `interval_s` seconds while there is work, logs one line in a fixed, grep-friendly format:
 
     decode batch: running 4, waiting 0, kv used 37%, accept len 3.21, gen throughput 812.4 tok/s, method ddtree
 
 running / waiting / kv used are the state at the moment of the line; accept len (mean tokens
-committed per request-round, bonus included) and gen throughput (tokens generated per second)
-are over the interval since the previous line. `journalctl -u flashtree | grep 'accept len'`
-is how it is meant to be read. `--log-format json` writes every record as one JSON object per
-line; this line's values are also fields of its object. No engine or HTTP code here.
+committed per request-round, bonus included), gen throughput (tokens generated per second) and
+method (the methods by request-rounds, most first) are over the interval since the previous line:
+differences of the engine's cumulative counters (`engine.stats`, an `EngineStats`); the log keeps
+no counters of its own. `journalctl -u flashtree | grep 'accept len'` is how it is meant to be read.
+`--log-format json` writes every record as one JSON object per line; this line's values are also
+fields of its object. The engine is read duck-typed: no engine or HTTP code is imported here.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import json
 import logging
 import sys
 import time
-from collections import Counter
 
 log = logging.getLogger("flashtree.server")
 
@@ -29,37 +30,24 @@ class DecodeBatchLog:
     """Interval statistics of the engine loop; `tick` logs a line once `interval_s` has passed.
 
     A window opens with the first step after an idle loop and is dropped when the loop goes idle
-    again, so no line is ever written about an idle server."""
+    again, so no line is ever written about an idle server. The engine's counters are snapshot
+    when a window opens and at each line; a line reports what they counted since."""
 
     def __init__(self, interval_s: float | None, default_method: str, logger: logging.Logger = log):
         self.interval_s = interval_s if interval_s and interval_s > 0 else None  # None or 0: off
         self.default_method, self.log = default_method, logger
         self.t0: float | None = None
-        self._reset()
+        self.seen = None  # engine.stats when the interval began (an EngineStats snapshot)
 
-    def _reset(self) -> None:
-        self.tokens = self.rounds = self.accepted = 0
-        self.methods: Counter[str] = Counter()
-
-    def begin(self, now: float) -> None:
+    def begin(self, engine, now: float | None = None) -> None:
         """Before a step: open a window if none is open."""
         if self.t0 is None:
-            self.t0 = now
-            self._reset()
+            self.t0 = time.perf_counter() if now is None else now
+            self.seen = engine.stats.snapshot()
 
     def idle(self) -> None:
         """The loop has nothing to run: close the window without a line."""
         self.t0 = None
-
-    def record(self, method: str, taus: list[int]) -> None:
-        """Request-rounds committed by one sequence in the latest step (tau each, bonus included)."""
-        self.rounds += len(taus)
-        self.accepted += sum(taus)
-        if taus:
-            self.methods[method] += len(taus)
-
-    def generated(self, n: int) -> None:
-        self.tokens += n
 
     def tick(self, engine, now: float | None = None) -> dict | None:
         """After a step: log (and return) the line's values if the interval is over."""
@@ -68,17 +56,18 @@ class DecodeBatchLog:
             return None
         stats = self.stats(engine, now - self.t0)
         self.log.info(LINE.format(**stats), extra={"fields": {"event": "decode_batch", **stats}})
-        self.t0 = now
-        self._reset()
+        self.t0, self.seen = now, engine.stats.snapshot()
         return stats
 
     def stats(self, engine, seconds: float) -> dict:
+        """The line's values: the engine's state now, its counters over the open interval."""
         blocks = engine.blocks  # KV pages held by requests, of all
-        methods = "+".join(m for m, _ in self.methods.most_common()) or self.default_method
+        new = engine.stats.since(self.seen)
+        methods = "+".join(m for m, _ in new.rounds_by_method.most_common()) or self.default_method
         return {"running": len(engine.running), "waiting": len(engine.waiting),
                 "kv_used_pct": 100.0 * blocks.used / blocks.pages_total,
-                "accept_len": self.accepted / self.rounds if self.rounds else 0.0,
-                "gen_throughput": self.tokens / max(seconds, 1e-9), "method": methods,
+                "accept_len": new.committed_tokens / new.request_rounds if new.request_rounds else 0.0,
+                "gen_throughput": new.generated_tokens / max(seconds, 1e-9), "method": methods,
                 "interval_s": round(seconds, 3)}
 
 
