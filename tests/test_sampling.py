@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import FilterPlan, Uniforms, logits_to_probs, sample, sample_host, sample_tensors
+from flashtree.sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host, sample_tensors
 from flashtree.models import cpu_dense
 from flashtree.sampling_params import SamplingParams
 
@@ -260,3 +260,17 @@ def test_large_and_small_top_k_with_top_p_draw_the_tensor_pipelines_tokens(fn):
     expected = sample(probs, [(r, r + 1) for r in range(R)], [u[r:r + 1] for r in range(R)])
     got = host_draw(logits, settings, u, fn)
     assert torch.equal(got, expected), (got != expected).nonzero().flatten()[:5]
+
+
+def test_argmax_rows_of_bf16_logits_is_torchs_first_maximum():
+    """The greedy draw of bf16 logits (a bf16 model's verify) goes through float32 and numpy:
+    the same index as torch's argmax, the first maximum, in rows full of bf16 ties."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(33, 49152, generator=g) * 3).to(torch.bfloat16)
+    x[:, 100] = x[:, 7] = x.max() + 1  # a tie at the maximum: the first one wins
+    x[3] = 0.0                          # a row of one value: index 0
+    got = argmax_rows(x)
+    assert got.dtype == torch.long and torch.equal(got, x.argmax(-1))
+    assert got[0] == 7 and got[3] == 0
+    half = x[:4].to(torch.float16)
+    assert torch.equal(argmax_rows(half), half.argmax(-1))
