@@ -178,7 +178,7 @@ class Engine:
             drafter_block_size=self.drafter_block_size, block_size=config.block_size, max_budget=config.max_budget,
             auto_budget=min(config.auto_max_budget, config.max_budget),  # an auto tree's most nodes
             budget=config.budget if config.budget is not None else DEFAULT_BUDGET, topk=config.topk,
-            check_default_budget="budget" in method.options or config.budget is not None,
+            check_default_budget=method.sized_by_budget or config.budget is not None,
             max_ngram=config.max_ngram, min_ngram=config.min_ngram, draft_len=config.draft_len)
         self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size)
         P = config.page_size

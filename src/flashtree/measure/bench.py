@@ -163,7 +163,7 @@ class BenchPlan:
         for m in METHODS:  # registry order
             if m == "ar" or m not in self.methods:
                 continue
-            if "budget" in proposer_class(m).options:  # each budget with each cap that fits it (topk <= budget)
+            if proposer_class(m).sized_by_budget:  # each budget with each cap that fits it (topk <= budget)
                 budgets = sorted(set(self.budgets), key=lambda b: (b == "auto", nodes(b)))  # auto last
                 out += [Config(m, b, k) for b in budgets for k in caps if k is None or k <= nodes(b)]
             else:
@@ -261,7 +261,7 @@ def tree_size(cfg: Config, block_size: int, draft_len: int = 10) -> int | None:
     """Tokens per sequence in one verify forward: the root plus the draft nodes (a capped tree of
     depth block_size - 1 holds at most topk + topk^2 + ... nodes; an ngram chain at most draft_len).
     None for budget="auto": its size changes every round."""
-    if "budget" not in proposer_class(cfg.method).options:
+    if not proposer_class(cfg.method).sized_by_budget:
         return {"ar": 1, "dflash": block_size, "ngram": draft_len + 1}[cfg.method]
     if cfg.budget == "auto":
         return None

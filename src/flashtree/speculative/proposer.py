@@ -69,6 +69,11 @@ class Proposer:
     options: ClassVar[tuple[str, ...]] = ()    # per-request options it takes (others are refused)
     drafts: ClassVar[str] = "drafts nothing"   # how it drafts, for the messages that refuse an option
     summary: ClassVar[str] = ""                # one line for `env` and the docs
+    sized_by_budget: ClassVar[bool] = False    # its drafts are trees of a node budget (it takes "budget")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.sized_by_budget = "budget" in cls.options  # one truth: the options a method takes
 
     def __init__(self, given: ProposerContext):
         self.limits, self.adaptive, self.drafter_pass = given.limits, given.adaptive, given.drafts
