@@ -151,3 +151,30 @@ def test_the_held_out_walk_predicts_the_engines_rounds(trained):
         assert d.metrics.accept_lengths[:len(rounds)] == rounds
         compared += len(rounds)
     assert compared > 40 and max(t for o in spec for t in o.metrics.accept_lengths) > 1  # drafts were accepted
+
+
+def test_a_drafter_grown_by_a_layer_starts_as_the_one_it_grew_from(trained):
+    """`--init-from` a drafter with fewer layers: its layers are taken as they are and the new one
+    starts as the identity, so the grown drafter's first prediction is the old one's, bit for bit."""
+    from flashtree.models.drafter import DFlashDrafter
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.train.drafter import init_from_drafter
+    target_dir, out, _ = trained
+    target = load_target(target_dir, dtype="float32", device="cpu")
+    old = load_drafter(out, target).float()
+    cfg = DrafterConfig.from_dir(out)
+    raw = json.loads((out / "config.json").read_text())
+    n_layers = len(old.layers) + 1
+    grown_cfg = DrafterConfig.from_dict({**raw, "num_hidden_layers": n_layers,
+                                         "layer_types": ["full_attention"] * n_layers}, source="grown")
+    grown = DFlashDrafter(grown_cfg)
+    init_from_drafter(grown, old, target, rows=[])
+    assert len(grown.layers) == len(old.layers) + 1
+    g = torch.Generator().manual_seed(0)
+    H, n = cfg.layers.hidden_size, len(cfg.target_layer_ids)
+    embeds, feats = torch.randn(2, 4, H, generator=g), torch.randn(2, 6, n * H, generator=g)
+    block_pos, ctx_pos = torch.arange(6, 10).expand(2, 4), torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        assert torch.equal(grown(embeds, block_pos, feats, ctx_pos), old(embeds, block_pos, feats, ctx_pos))
+    with pytest.raises(Exception, match="at least as many"):
+        init_from_drafter(DFlashDrafter(cfg), grown, target, rows=[])

@@ -255,16 +255,30 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
 
 @torch.no_grad()
 def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: list[dict]) -> None:
-    """Start from `old`, a trained drafter that may tap other target layers: its layers and norms
-    as they are, `fc` refit by least squares so that fc(new features) ≈ old fc(old features) on
+    """Start from `old`, a trained drafter that may tap other target layers and have fewer layers:
+    its layers and norms as they are, any further layers as the identity, `fc` refit by least squares so that fc(new features) ≈ old fc(old features) on
     the tokens of `rows`. Old features are read as they were computed when `old` was trained
     (raw decoder-layer outputs, the last one pre-norm), so a drafter from before the HF feature
     convention keeps what it learned; new features follow `TargetModel.forward`."""
-    if list(old.config.target_layer_ids) == list(drafter.config.target_layer_ids):  # the same taps: go on from it
-        drafter.load_state_dict({k: v.float() for k, v in old.state_dict().items()})
-        print("init-from: the same feature layers; every weight taken as it is")
+    n_old, n_new = len(old.layers), len(drafter.layers)
+    if n_new < n_old:
+        raise UserError(f"--init-from: that drafter has {n_old} layers; a drafter grown from it needs at least as "
+                        f"many (--layers {n_new})")
+    same_taps = list(old.config.target_layer_ids) == list(drafter.config.target_layer_ids)
+    drafter.load_state_dict({k: v.float() for k, v in old.state_dict().items()
+                             if same_taps or not k.startswith("fc.")}, strict=n_new == n_old and same_taps)
+    for layer in drafter.layers[n_old:]:
+        # a grown layer starts as the identity (its residual branches' output projections at zero),
+        # so the grown drafter first predicts exactly what `old` did and learns the new depth from there
+        for out_proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            out_proj.weight.zero_()
+            if out_proj.bias is not None:
+                out_proj.bias.zero_()
+    if n_new > n_old:
+        print(f"init-from: {n_old} layers taken as they are, {n_new - n_old} grown as the identity")
+    if same_taps:
+        print("init-from: the same feature layers; fc taken as it is")
         return
-    drafter.load_state_dict({k: v for k, v in old.state_dict().items() if not k.startswith("fc.")}, strict=False)
     xs, ys = [], []
     for r in rows:
         ids = torch.tensor([r["ids"]])
