@@ -90,3 +90,27 @@ def test_the_key_names_what_the_graph_depends_on(cache):
     other = Tiny()
     other.proj = torch.nn.Linear(8, 16, dtype=torch.float64)
     assert graphs(other, page_size=16).path(bucket) != a.path(bucket)  # weight shapes
+
+
+def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_first_use(tiny_pair, caplog):
+    """LLM(precompile="single") compiles the three graphs of one sequence (target 1 x 1, 1 x >1,
+    drafter 1 x >1) before it returns; the first batch compiles its own graphs and decodes exactly
+    (every method's greedy output equals plain decoding's through them)."""
+    import logging
+
+    from flashtree import LLM, SamplingParams
+    from flashtree.errors import UserError
+    from helpers import repetitive_prompts
+    with pytest.raises(UserError, match="precompile must be one of 'single', 'all', got 'some'"):
+        LLM(*tiny_pair, precompile="some")
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        llm = LLM(*tiny_pair, method="dflash", compile=True, precompile="single", max_batch_size=4)
+    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled ")]
+    assert len(compiled) == 1 and compiled[0].startswith(
+        "compiled 3 graphs (target batch 1 x 1, target batch 1 x >1, drafter batch 1 x >1)")
+    prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
+    for method in ("dflash", "ddtree"):
+        outs = llm.generate(prompts, params, method=method)
+        assert [o.token_ids for o in outs] == ar, method
+        assert max(o.metrics.mean_accept_length for o in outs) >= 1

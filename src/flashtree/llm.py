@@ -21,6 +21,11 @@ from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
 
 
+# precompile=: which compiled graphs LLM() builds before it returns. "single": the ones one sequence
+# runs (a first chat answers after them); graphs for batches compile the first time a batch runs.
+# "all": every graph this engine can run (a server, a benchmark: no compile inside a request).
+PRECOMPILE = ("single", "all")
+
 
 def default_method(draft) -> str:
     """method=None: ddtree when the model has a drafter, else plain decoding (ar)."""
@@ -63,7 +68,10 @@ class LLM:
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int | None = None, prefill_stall: float | None = DEFAULT_PREFILL_STALL,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, precompile: str = "single"):
+        if precompile not in PRECOMPILE:
+            raise UserError(f"precompile must be one of {', '.join(map(repr, PRECOMPILE))}, got {precompile!r}")
+        self.precompile = precompile
         found = resolve(model, draft)  # a name, an HF directory or a .gguf (converted once, cached)
         model, draft = found.target, found.drafter
         self.model_name = found.name
@@ -101,7 +109,7 @@ class LLM:
                              decode=self.tokenizer.decode)
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
-        self.engine.warmup(progress=sys.stderr.isatty())
+        self.engine.warmup(progress=sys.stderr.isatty(), batched=self.precompile == "all")
         freeze_heap(self)
 
     def _tensor_parallel(self, size, config: EngineConfig, dtype, device):

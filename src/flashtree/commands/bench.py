@@ -184,7 +184,7 @@ def run(args) -> int:
     args.topk = None  # caps are per pass (--topks)
     if getattr(args, "draft_len", None) is None:  # ngram copies as many tokens as the prompt-lookup peer
         args.draft_len = args.prompt_lookup_tokens
-    llm = load_llm(args, max_batch_size=max(plan.concurrency))
+    llm = load_llm(args, precompile="all", max_batch_size=max(plan.concurrency))
     prompt_ids = [llm.tokenizer.encode_chat(p) if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]
     peers = pe.load_peers(choice, llm, prompt_ids, base.max_tokens, args.prompt_lookup_tokens, llama_cpp)
 

@@ -41,6 +41,9 @@ def add_model_arguments(p) -> None:
     p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
                         "--no-compile runs eager PyTorch")
+    p.add_argument("--precompile", choices=("single", "all"), default=None,
+                   help="compiled graphs built at load: single (what one sequence runs; batch graphs compile on "
+                        "first use) or all (default: all for serve and bench, single otherwise)")
     p.add_argument("--kv-cache-tokens", type=int, default=None,
                    help="paged KV cache capacity in tokens (default: --max-batch-size sequences at the full context)")
     p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")
@@ -80,7 +83,9 @@ def sampling_params(args):
         raise UserError(str(e)) from None
 
 
-def load_llm(args, **kw):
+def load_llm(args, precompile: str = "single", **kw):
+    """The LLM the command-line arguments name; `precompile` is the command's own default when
+    --precompile is not given (see `llm.PRECOMPILE`)."""
     from ..llm import LLM
     from ..models.loader import resolve_device, resolve_dtype
     try:  # --device / --dtype, checked before any weights load
@@ -99,7 +104,8 @@ def load_llm(args, **kw):
                compile="auto" if getattr(args, "compile", None) is None else args.compile,
                kv_cache_tokens=args.kv_cache_tokens, page_size=args.page_size,
                enable_prefix_caching=args.enable_prefix_caching, max_num_batched_tokens=args.max_num_batched_tokens,
-               prefill_stall=args.prefill_stall, tensor_parallel_size=args.tensor_parallel_size, **kw)
+               prefill_stall=args.prefill_stall, tensor_parallel_size=args.tensor_parallel_size,
+               precompile=getattr(args, "precompile", None) or precompile, **kw)
 
 
 def check_topk(args) -> None:

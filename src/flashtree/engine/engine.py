@@ -214,13 +214,17 @@ class Engine:
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
 
-    def warmup(self, progress: bool = False) -> None:
-        """Compile the runner's graphs now (no-op when eager), for this engine's shapes."""
+    def warmup(self, progress: bool = False, batched: bool = True) -> None:
+        """Compile the runner's graphs now (no-op when eager), for this engine's shapes: all of them,
+        or (batched=False) the ones a single sequence runs; a graph not compiled here compiles the
+        first time a step needs it."""
         if not self.runner.compiled:
             return
         lim = self.limits
         tokens = max([lim.default_block_size, lim.nodes_of(lim.default_budget) + 1, self.config.draft_len + 1])
-        buckets = self.runner.buckets(self.config.max_batch_size, tokens, lim.default_block_size)
+        # torch.compile (CUDA) traces without dynamic marks once warm: there every graph compiles now
+        batch = self.config.max_batch_size if batched or not self.runner.aot else 1
+        buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
         secs = self.runner.warmup(buckets, progress)
         log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
