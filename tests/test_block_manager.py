@@ -328,3 +328,25 @@ def test_reset_prefix_cache_frees_every_cached_page_only_when_no_slot_is_held():
     assert not b.lru and not b.name and not b.by_name and not b.draft_ok.any()
     assert sorted(b.free_pages) == list(range(1, 8)) and b.available == 7
     assert b.match(list(range(9)), False) == ([], [])
+
+
+def test_settle_trims_names_full_pages_and_marks_drafter_rows():
+    """After a round: pages past the next round's reservation go back, newly full pages are named
+    (their tokens read only then), and drafter rows mark their full named pages."""
+    b = BlockManager(12, 4, 2, 6)
+    toks = list(range(1, 15))
+    slot, _ = prefill(b, toks[:5])          # one page named, row 4 in the second
+    assert b.reserve(slot, 5 + 12)          # the round's tree: pages to row 17
+    reads = []
+
+    def tokens():
+        reads.append(1)
+        return toks
+
+    b.settle(slot, 6, 6 + 4, tokens, None)  # 6 rows committed, the next round reserves 4 more
+    assert len(b.pages[slot]) == 3 and len(b.hashes[slot]) == 1 and reads == []  # no new full page: not read
+    b.settle(slot, 9, 9 + 4, tokens, drafted=8)
+    assert len(b.pages[slot]) == 3 and b.hashes[slot] == chain(toks[:8], 4) and reads == [1]  # trim adds none
+    assert b.match(toks[:9], True)[0] == b.pages[slot][:2]  # both full pages reusable with drafter rows
+    b.settle(slot, 9, 9 + 4, tokens, drafted=None)  # nothing new: nothing read, nothing changed
+    assert reads == [1] and len(b.pages[slot]) == 3

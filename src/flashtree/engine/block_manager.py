@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -205,6 +206,18 @@ class BlockManager:
             if page not in self.name:
                 self.name[page] = h
                 self.by_name.setdefault(h, page)
+
+    def settle(self, slot: int, rows: int, keep: int, tokens: Callable[[], list[int]],
+               drafted: int | None) -> None:
+        """After a round's commit the slot holds `rows` committed rows: its pages past row `keep`
+        (what its next round reserves) go back, its newly full pages are named (`tokens()`, the
+        tokens of those rows, is read only when there are some), and with `drafted` its drafter
+        rows [0, drafted) are written."""
+        self.trim(slot, keep)
+        if self.unnamed(slot, rows):
+            self.commit(slot, tokens(), rows)
+        if drafted is not None:
+            self.drafted(slot, drafted)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached page (they become free). Only while no slot is held: False, and

@@ -655,12 +655,8 @@ class Engine:
         """After the commit: pages past what the next round reserves go back, full pages are named
         for the prefix cache, and pages whose drafter rows a pass wrote are marked drafted."""
         for s in batch:
-            self.blocks.trim(s.slot, s.length + self._round_rows(s))
-            if self.blocks.unnamed(s.slot, s.length):
-                self.blocks.commit(s.slot, s.cache_ids, s.length)
-            rows = self.drafts.cached_rows(s) if drafter_wrote else None  # only a drafter pass writes them
-            if rows is not None:
-                self.blocks.drafted(s.slot, rows)
+            drafted = self.drafts.cached_rows(s) if drafter_wrote else None  # only a drafter pass writes them
+            self.blocks.settle(s.slot, s.length, s.length + self._round_rows(s), lambda s=s: s.cache_ids, drafted)
 
     # ---------------------------------------------------------------- stops and retirement
     def _emit(self, s: Sequence, new: list[int]) -> None:
