@@ -162,3 +162,23 @@ def test_bf16_projections_take_amx_tiles_unless_turned_off(monkeypatch):
     assert cpu_dense.bf16_path() == "vdpbf16ps dot products"
     monkeypatch.setattr(cpu_dense, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert cpu_dense.bf16_path() is None
+
+
+def test_env_lists_every_switch_and_hides_the_api_key(pair, capsys, monkeypatch):
+    """`flashtree env` names each FLASHTREE_* switch with its value and meaning; a secret shows only
+    that it is set. An off switch is off for every spelling of off, and an unknown name is refused."""
+    from flashtree import switches
+    monkeypatch.setenv("FLASHTREE_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("FLASHTREE_AMX", "off")
+    target, draft = pair
+    r = env_json(capsys, "--model", str(target), "--draft", str(draft))
+    assert set(r["switches"]) == set(switches.SWITCHES)
+    assert r["switches"]["FLASHTREE_API_KEY"] == "(set)" and r["switches"]["FLASHTREE_AMX"] == "off"
+    assert main(["env", "--model", str(target), "--draft", str(draft)]) == 0
+    text = capsys.readouterr().out
+    assert "sk-very-secret" not in text and "FLASHTREE_DRAFT_VOCAB" in text
+    for spelling, off in (("0", True), ("False", True), (" no ", True), ("OFF", True), ("1", False), ("", False)):
+        monkeypatch.setenv("FLASHTREE_AMX", spelling)
+        assert switches.is_off("FLASHTREE_AMX") is off, spelling
+    with pytest.raises(KeyError, match="not a flashtree switch"):
+        switches.value("FLASHTREE_AMXX")

@@ -23,6 +23,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+from .. import switches
 from .generate import add_model_arguments
 
 PACKAGES = ("flashtree", "torch", "transformers", "tokenizers", "safetensors", "numpy", "jinja2",
@@ -58,7 +59,7 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
     return {"versions": versions(), "platform": platform_info(), "device": dev,
             "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
             "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype", "float32")),
-            **pair}
+            "switches": switches.current(), **pair}
 
 
 def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
@@ -428,6 +429,8 @@ def render(r: dict) -> str:
         f"  {'per sequence':<18} up to {kv['per_sequence_tokens']:,} tokens (the context limit + one round's tree)",
         f"  {'prefix caching':<18} {'on' if kv['prefix_caching'] else 'off'}; prompts prefilled "
         f"{kv['max_num_batched_tokens']} tokens a step"]
+    lines += ["switches"] + [f"  {k:<22} {'unset' if v is None else repr(v)}: {switches.SWITCHES[k]}"
+                             for k, v in r["switches"].items()]
     p = r["pair"]
     lines.append("model pair" + (" (bundled)" if p["bundled"] else ""))
     lines += _describe("target", p["target"], ("model_type", "params", "weights_dtype", "vocab_size",

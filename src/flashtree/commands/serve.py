@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .. import switches
 from ..errors import UserError
 from ..server.limits import ServerLimits
 from ..server.logs import LOG_FORMATS, configure_logging
@@ -70,7 +71,7 @@ def run(args, llm=None) -> int:
                           max_queued_tokens=args.max_queued_tokens, queue_timeout_s=args.queue_timeout,
                           header_timeout_s=args.header_timeout, shutdown_timeout_s=args.shutdown_timeout)
     configure_logging(args.log_level, args.log_format)
-    api_key = args.api_key or os.environ.get("FLASHTREE_API_KEY") or None
+    api_key = args.api_key or switches.value("FLASHTREE_API_KEY") or None
     if args.api_key:
         log.warning("--api-key is visible to every user of this machine (ps); set FLASHTREE_API_KEY instead")
     if args.allowed_hosts:

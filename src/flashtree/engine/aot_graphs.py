@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 import torch.utils._pytree as pytree
 
+from ..switches import cache_root
+
 log = logging.getLogger("flashtree.engine")
 
 _SOURCES = ("models", "engine/model_runner.py")  # what a traced graph is made of
@@ -65,9 +67,7 @@ def available() -> bool:
 
 def cache_dir() -> Path:
     """Where packages live: $FLASHTREE_CACHE_DIR/aoti, else $XDG_CACHE_HOME (or ~/.cache)/flashtree/aoti."""
-    root = os.environ.get("FLASHTREE_CACHE_DIR") or \
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "flashtree")
-    return Path(root) / "aoti"
+    return cache_root() / "aoti"
 
 
 @functools.cache

@@ -33,7 +33,6 @@ from that package.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .. import switches
 from ..errors import UserError
 from . import aot_graphs
 from .aot_graphs import AOTGraphs
@@ -86,7 +86,7 @@ def resolve_compile(compile: bool | str, device: torch.device) -> bool:
         raise UserError(f"compile must be 'auto', True or False, got {compile!r}")
     if compile != "auto":
         return bool(compile)
-    if os.environ.get("FLASHTREE_COMPILE", "").strip().lower() in ("0", "false", "no", "off"):
+    if switches.is_off("FLASHTREE_COMPILE"):
         return False
     return device.type == "cuda" or aot_graphs.available()
 
@@ -102,7 +102,7 @@ def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
 def draft_vocabulary(drafter: DFlashDrafter | None) -> np.ndarray | None:
     """The drafter's draft vocabulary as target ids [Vd] int64, or None: the whole vocabulary (no
     draft vocabulary, or FLASHTREE_DRAFT_VOCAB=0, which measures what it saves)."""
-    if drafter is None or drafter.config.draft_vocab is None or os.environ.get("FLASHTREE_DRAFT_VOCAB") == "0":
+    if drafter is None or drafter.config.draft_vocab is None or switches.is_off("FLASHTREE_DRAFT_VOCAB"):
         return None
     return np.asarray(drafter.config.draft_vocab, dtype=np.int64)
 

@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import switches
+
 log = logging.getLogger("flashtree.models")
 
 MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the .cpp)
@@ -87,14 +89,14 @@ def bf16_path() -> str | None:
     either. (The kernel also needs the OS to grant the tile state, which this does not ask: where
     Linux refuses it, the kernel takes the dot products although this says tiles.)"""
     flags = cpu_flags() or frozenset()
-    if {"amx_tile", "amx_bf16"} <= flags and os.environ.get("FLASHTREE_AMX", "").strip() != "0":
+    if {"amx_tile", "amx_bf16"} <= flags and not switches.is_off("FLASHTREE_AMX"):
         return "AMX tiles (FLASHTREE_AMX=0: vdpbf16ps dot products)"
     return "vdpbf16ps dot products" if bf16_dot() else None
 
 
 def _why_not() -> str | None:
     """Why the kernel cannot be used here, or None when it can be built."""
-    if os.environ.get("FLASHTREE_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off"):
+    if switches.is_off("FLASHTREE_CPU_KERNEL"):
         return "FLASHTREE_CPU_KERNEL=0"
     if not _cpu_has_avx2_fma():
         return f"needs an x86-64 CPU with AVX2 and FMA (this is {platform.machine()})"

@@ -21,19 +21,12 @@ from pathlib import Path
 import torch
 
 from ..config import SUPPORTED_MODEL_TYPES, ConfigError
+from ..switches import cache_root
 
 log = logging.getLogger("flashtree.models")
 
 GGUF_MAGIC = b"GGUF"
 CONVERTED_MARK = "flashtree_converted.json"  # written last: a directory without it is incomplete
-
-
-def cache_root() -> Path:
-    """$FLASHTREE_CACHE_DIR, else $XDG_CACHE_HOME/flashtree, else ~/.cache/flashtree (as aot_graphs)."""
-    if os.environ.get("FLASHTREE_CACHE_DIR"):
-        return Path(os.environ["FLASHTREE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flashtree"
 
 
 def is_gguf(path: Path) -> bool:

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .. import switches
 from ..config import ConfigError, DrafterConfig, ModelConfig
 from .drafter import DFlashDrafter
 from .layers import rope_inv_freq
@@ -41,8 +42,7 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     (AMX or AVX512-BF16: the projections then stream half the bytes at the same speed per
     byte); float32 elsewhere, where bf16 products are emulated and slower than float32.
     FLASHTREE_DTYPE (a dtype name) overrides the choice, as FLASHTREE_COMPILE does compile's."""
-    import os
-    forced = os.environ.get("FLASHTREE_DTYPE", "").strip()
+    forced = switches.value("FLASHTREE_DTYPE")
     if forced and forced != "auto":
         if forced not in DTYPES:
             raise ValueError(f"FLASHTREE_DTYPE='{forced}' is not a dtype; use one of auto, {', '.join(DTYPES)}")
