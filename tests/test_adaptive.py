@@ -518,15 +518,15 @@ def pair():
                                             ("hybrid", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05))])
 def test_sampled_auto_matches_the_exact_distribution(pair, method, params):
     cell = check_cell(*pair, PROMPT, Cell(method, "auto", params, 20000, "target"), patch=pinned)
-    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.notes)
-    assert cell.notes["mean_accept_length"] > 1.2
+    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
+    assert cell.mean_accept_length > 1.2
 
 
 def test_a_wrong_verifier_is_caught_with_auto(pair):
     wrong = NEGATIVE_CONTROLS["temperature_x1.1"]
     cell = check_cell(*pair, PROMPT, Cell("ddtree", "auto", SamplingParams(temperature=1.0, top_k=5), 20000, "target"),
                       patch=lambda eng: (pinned(eng), wrong(eng)))
-    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.drafts_verified and cell.rejected() and not cell.passed
     assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
 
 

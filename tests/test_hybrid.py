@@ -136,14 +136,14 @@ PROMPT = [1, 2, 3, 3, 1, 7, 6, 1, 2, 3]  # as test_ngram: the copied chain is of
 
 def test_hybrid_samples_match_exact_distribution(pair):
     cell = check_cell(*pair, PROMPT, Cell("hybrid", 4, SamplingParams(temperature=1.0, top_k=5), 20000))
-    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.notes)
-    assert cell.notes["mean_accept_length"] > 1.2
+    assert cell.passed, (cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
+    assert cell.mean_accept_length > 1.2
 
 
 def test_a_wrong_verifier_is_caught_on_hybrid_trees(pair):
     cell = check_cell(*pair, PROMPT, Cell("hybrid", 4, SamplingParams(temperature=1.0, top_k=5), 20000),
                       patch=NEGATIVE_CONTROLS["temperature_x1.1"])
-    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.drafts_verified and cell.rejected() and not cell.passed
     assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
 
 

@@ -48,9 +48,9 @@ SLOW = [c for c in grid(methods=DDTREE, drafts=("model", "target")) + grid(metho
 @pytest.mark.parametrize("cell", DEFAULT, ids=Cell.label)
 def test_speculative_samples_match_exact_distribution(pair, cell):
     run(pair, cell)
-    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
     weak = cell.method == "dflash" and cell.drafts == "model"  # its argmax chain is rarely accepted
-    assert cell.notes["mean_accept_length"] > (1.0 if weak else 1.2)  # drafts were verified and accepted
+    assert cell.mean_accept_length > (1.0 if weak else 1.2)  # drafts were verified and accepted
 
 
 @pytest.mark.parametrize("temperature, top_p, min_p", sorted({(c.params.temperature, c.params.top_p, c.params.min_p)
@@ -69,7 +69,7 @@ def test_single_filter_cells_really_filter(pair, temperature, top_p, min_p):
 @pytest.mark.parametrize("cell", SLOW, ids=Cell.label)
 def test_each_filter_alone_matches_exact_distribution(pair, cell):
     run(pair, cell)
-    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
 
 
 COMPILED = [Cell("ddtree", 6, SamplingParams(temperature=1.0, top_k=5, top_p=0.9), 20000, compile=True),
@@ -87,24 +87,24 @@ def test_samples_through_shared_prefix_pages_match_exact_distribution(pair, cell
     The pair's own drafter runs (target-built drafts would leave its context rows unwritten, and
     then no drafter-based request may reuse the pages)."""
     run(pair, cell)
-    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
-    assert cell.notes["prefix_hit_tokens"] >= 2 * (cell.n - 512)  # all but the first batch of 512 hit
-    assert cell.notes["mean_accept_length"] > (1.0 if cell.method == "dflash" else 1.2)
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
+    assert cell.prefix_hit_tokens >= 2 * (cell.n - 512)  # all but the first batch of 512 hit
+    assert cell.mean_accept_length > (1.0 if cell.method == "dflash" else 1.2)
 
 
 @pytest.mark.parametrize("cell", COMPILED, ids=Cell.label)
 def test_compiled_runner_samples_match_exact_distribution(pair, cell):
     """The same check with the model runner compiled (torch.compile): exactness holds in that mode too."""
     run(pair, cell)
-    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.notes)
-    assert cell.notes["mean_accept_length"] > 1.2
+    assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
+    assert cell.mean_accept_length > 1.2
 
 
 @pytest.mark.parametrize("method, budget, drafts", [("ddtree", 6, "model"), ("dflash", None, "target")])
 def test_a_wrong_verifier_is_caught_when_compiled(pair, method, budget, drafts):
     cell = run(pair, Cell(method, budget, SamplingParams(temperature=1.0, top_k=5), 20000, drafts, compile=True),
                patch=NEGATIVE_CONTROLS["temperature_x1.1"])
-    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.drafts_verified and cell.rejected() and not cell.passed
     assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
 
 
@@ -114,7 +114,7 @@ def test_a_wrong_verifier_is_caught(pair, name, method, budget, drafts):
     """x1.1 temperature in the verify draws is subtle (TV ~0.05), yet the chi-square rejects it."""
     cell = run(pair, Cell(method, budget, SamplingParams(temperature=1.0, top_k=5), 20000, drafts),
                patch=NEGATIVE_CONTROLS[name])
-    assert cell.notes["drafts_verified"] and cell.rejected() and not cell.passed
+    assert cell.drafts_verified and cell.rejected() and not cell.passed
     assert cell.p_value < 1e-6, (cell.p_value, cell.tv, cell.tv_limit)
 
 
@@ -124,7 +124,7 @@ def test_a_check_that_verifies_no_draft_fails(pair):
         engine.drafts.source = lambda batch: {}
 
     cell = run(pair, Cell("ddtree", 6, SamplingParams(temperature=1.0), 3000), patch=no_drafts)
-    assert cell.notes["mean_accept_length"] == 1.0
+    assert cell.mean_accept_length == 1.0
     assert cell.p_value > P_MIN and cell.tv <= cell.tv_limit  # the statistics alone would pass
     assert not cell.passed and not cell.rejected()
 

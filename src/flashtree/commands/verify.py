@@ -43,7 +43,9 @@ COPY_PROMPT = [1, 2, 3, 3, 1, 7, 6, 1, 2, 3]
 
 def _row(cell) -> dict:
     return {"cell": cell.label(), "n": cell.n, "p_value": cell.p_value, "tv": cell.tv, "tv_limit": cell.tv_limit,
-            "categories": cell.categories, "passed": cell.passed, **cell.notes}
+            "categories": cell.categories, "passed": cell.passed, "n_tokens": cell.n_tokens,
+            "mean_accept_length": cell.mean_accept_length, "drafts_verified": cell.drafts_verified,
+            "prefix_hit_tokens": cell.prefix_hit_tokens}
 
 
 def run(args) -> int:
@@ -92,7 +94,7 @@ def run(args) -> int:
         report["tiny_pair"].append(_row(cell))
         ok &= cell.passed
         tqdm.write(f"  {'PASS' if cell.passed else 'FAIL'}  {cell.label():55s} p={cell.p_value:.4f} "
-                   f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.notes['mean_accept_length']:.2f}")
+                   f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.mean_accept_length:.2f}")
     if not args.no_controls:
         print("negative controls (must FAIL the check):")
         # dflash with target drafts: the random drafter's chains are almost never accepted
@@ -105,7 +107,7 @@ def run(args) -> int:
             ok &= caught
             report["negative_controls"].append({"control": name, "caught": caught, **_row(cell)})
             print(f"  {'CAUGHT' if caught else 'MISSED'}  {name:26s} {method:7s} drafts={kind:6s} p={cell.p_value:.2e} "
-                  f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.notes['mean_accept_length']:.2f}")
+                  f"TV={cell.tv:.4f} (limit {cell.tv_limit:.4f}) tau={cell.mean_accept_length:.2f}")
     if args.pair:
         from ..llm import LLM
         from ..measure.exactness import compare_with_plain

@@ -440,7 +440,7 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
                                              topk=cfg.topk), patch=patch)
     return {"check": "chi-square cell", "passed": cell.passed, "p_value": cell.p_value, "tv": cell.tv,
             "tv_limit": cell.tv_limit, "samples": n, "categories": cell.categories,
-            "mean_accept_length": cell.notes["mean_accept_length"], "n_tokens": cell.notes["n_tokens"],
+            "mean_accept_length": cell.mean_accept_length, "n_tokens": cell.n_tokens,
             "pair": "exactness.tiny_pair (V=8, block 3), drafts = the target's greedy chain"}
 
 

@@ -16,6 +16,7 @@ import itertools
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -71,13 +72,19 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
     return dist
 
 
+class Samples(NamedTuple):
+    counts: Counter             # first-n_tokens tuple -> runs that began with it
+    mean_tau: float             # mean accept length over every round of every run
+    prefix_hit_tokens: int      # prompt tokens the prefix cache served
+
+
 def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | str | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
-                     patch=None, compile: bool = False, page_size: int = 16, stats: dict | None = None,
-                     topk: int | None = None) -> tuple[Counter, float]:
-    """Counts of the first n_tokens of n_samples independent seeded runs, and their mean tau.
-    stats, if given, receives the engine's prefix-cache hit tokens (a small page_size makes the
-    prompt's first pages shared by every later run)."""
+                     patch=None, compile: bool = False, page_size: int = 16,
+                     topk: int | None = None) -> Samples:
+    """The first n_tokens of n_samples independent seeded runs, counted, with their mean tau and the
+    engine's prefix-cache hit tokens (a small page_size makes the prompt's first pages shared by
+    every later run)."""
     # generate a little past n_tokens so the first round's tree is not cut to depth 1
     max_tokens = n_tokens + (drafter.config.block_size - 2 if drafter is not None else 0)
     eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch,
@@ -95,10 +102,8 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
     while eng.has_work():
         eng.step()
     taus = [t for s in seqs for t in s.metrics.accept_lengths]
-    if stats is not None:
-        stats["prefix_hit_tokens"] = eng.stats.prefix_hit_tokens
     counts = Counter(tuple(s.output_ids[:n_tokens]) for s in seqs)
-    return counts, (sum(taus) / len(taus) if taus else 0.0)
+    return Samples(counts, sum(taus) / len(taus) if taus else 0.0, eng.stats.prefix_hit_tokens)
 
 
 def flat_costs(batches=(1, 512), widths=(1, 64)) -> CostTable:
@@ -212,11 +217,14 @@ class Cell:
     tv_limit: float = 0.0
     categories: int = 0
     passed: bool = False
-    notes: dict = field(default_factory=dict)
+    n_tokens: int = 0                # the leading tokens of each run that were counted
+    mean_accept_length: float = 0.0
+    drafts_verified: bool = False    # ar, or tau > 1: else the check proved nothing about drafts
+    prefix_hit_tokens: int = 0
 
     def rejected(self) -> bool:
         """The statistics flag this cell (what a negative control must show), with drafts verified."""
-        return bool(self.notes.get("drafts_verified")) and not (self.p_value > P_MIN and self.tv <= self.tv_limit)
+        return self.drafts_verified and not (self.p_value > P_MIN and self.tv <= self.tv_limit)
 
     def label(self) -> str:
         p = self.params
@@ -235,23 +243,23 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     each depth of the accepted path, and the bonus after a full accept."""
     if n_tokens is None:
         n_tokens = drafter.config.block_size + 1 if drafter is not None else 3
-    cell.notes["n_tokens"] = n_tokens
+    cell.n_tokens = n_tokens
     exact = exact_distribution(target, prompt, cell.params, n_tokens)
     if cell.drafts == "target":
         drafts, wrong = _target_drafts(target), patch
         patch = (lambda eng: (drafts(eng), wrong(eng))) if wrong is not None else drafts
     elif cell.drafts != "model":
         raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
-    counts, mean_tau = sample_sequences(target, drafter, prompt, cell.params, cell.method, cell.budget,
-                                        cell.n, n_tokens, seed=seed, patch=patch, compile=cell.compile,
-                                        page_size=cell.page_size, stats=cell.notes, topk=cell.topk)
-    cell.notes["mean_accept_length"] = mean_tau
+    counts, mean_tau, cell.prefix_hit_tokens = sample_sequences(
+        target, drafter, prompt, cell.params, cell.method, cell.budget, cell.n, n_tokens, seed=seed, patch=patch,
+        compile=cell.compile, page_size=cell.page_size, topk=cell.topk)
+    cell.mean_accept_length = mean_tau
     cell.p_value = chi_square_pooled(counts, exact, cell.n)
     cell.tv = total_variation(counts, exact, cell.n)
     cell.tv_limit = reference_tv(exact, cell.n, seed=seed) + TV_MARGIN
     cell.categories = len(exact)
-    cell.notes["drafts_verified"] = cell.method == "ar" or mean_tau > 1  # else the check proved nothing
-    cell.passed = bool(cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.notes["drafts_verified"])
+    cell.drafts_verified = cell.method == "ar" or mean_tau > 1
+    cell.passed = bool(cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.drafts_verified)
     return cell
 
 
@@ -285,8 +293,8 @@ def position_check(target, drafter, prompt: list[int], params: SamplingParams, m
     """n seeded runs of `method`; each (position k in `positions`, prefix of k tokens seen at
     least min_count times) tested against the exact distribution (see PositionCheck). Position 0
     is the prefill's draw; later ones come out of verified trees (runs generate past them)."""
-    counts, tau = sample_sequences(target, drafter, prompt, params, method, budget, n, max(positions) + 1,
-                                   seed=seed, patch=patch, batch=batch)
+    counts, tau, _ = sample_sequences(target, drafter, prompt, params, method, budget, n, max(positions) + 1,
+                                      seed=seed, patch=patch, batch=batch)
     check = PositionCheck(f"{method}{'/' + str(budget) if budget else ''} T={params.temperature} "
                           f"top_p={params.top_p}", n, mean_accept_length=tau)
     for k in positions:
