@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine.engine import DEFAULT_PREFILL_STALL, Engine, EngineConfig
+from .engine.engine import Engine
+from .engine.engine_config import DEFAULT_PREFILL_STALL, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence
 from .errors import UserError
 from .models.loader import load_drafter, load_target

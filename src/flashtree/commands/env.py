@@ -66,7 +66,7 @@ def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
     """The paged KV cache `LLM(**options)` would allocate for this pair in `dtype` (the model's, as
     dtype "auto" picks it): capacity in tokens, pages, bytes (target + drafter context + kept drafter
     features), and what one sequence may need."""
-    from ..engine.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
+    from ..engine.engine_config import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
     t, d = pair["target"], pair["drafter"]
     if t["error"]:
         return {"error": t["error"]}

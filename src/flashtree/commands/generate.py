@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..engine.engine import DEFAULT_PREFILL_STALL
+from ..engine.engine_config import DEFAULT_PREFILL_STALL
 from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
 
@@ -110,7 +110,8 @@ def load_llm(args, precompile: str = "single", **kw):
 
 def check_topk(args) -> None:
     """--topk: 1 <= K <= the budget, and only with a method that builds a tree (checked before any weights load)."""
-    from ..engine.engine import AUTO, AUTO_MAX_BUDGET, DEFAULT_BUDGET
+    from ..engine.engine_config import AUTO_MAX_BUDGET, DEFAULT_BUDGET
+    from ..speculative.limits import AUTO
     if args.topk is None:
         return
     if "topk" not in proposer_class(args.method).options:

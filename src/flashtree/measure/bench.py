@@ -180,7 +180,7 @@ class BenchPlan:
 
 def nodes(budget: int | str) -> int:
     """The most draft nodes a tree of this budget holds ("auto": the largest it may choose)."""
-    from ..engine.engine import AUTO_MAX_BUDGET
+    from ..engine.engine_config import AUTO_MAX_BUDGET
     return AUTO_MAX_BUDGET if budget == "auto" else budget
 
 

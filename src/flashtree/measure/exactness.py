@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..config import DrafterConfig, ModelConfig
-from ..engine.engine import AUTO_MAX_BUDGET, Engine, EngineConfig
+from ..engine.engine import Engine
+from ..engine.engine_config import AUTO_MAX_BUDGET, EngineConfig
 from ..speculative.tree import DraftOutput
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..config import DrafterConfig, build_target_layer_ids
-from ..engine.engine import Engine, EngineConfig
+from ..engine.engine import Engine
+from ..engine.engine_config import EngineConfig
 from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.loader import load_drafter, load_target, save_module
