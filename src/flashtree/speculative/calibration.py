@@ -70,7 +70,11 @@ def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
     numbers, and in a round, right after the forwards, caches are cold and each numpy call costs
     several microseconds — a numpy verdict took ~320 us there, this one ~170 (bisect_left on the
     edges is Calibration.bins)."""
-    table = calibration.table()
+    return _curve(paths, calibration.table())
+
+
+def _curve(paths, table: list[float]) -> list[float]:
+    """tau_curve under a calibration's table (read once for many trees)."""
     out, tau = [1.0], 1.0
     for lp in (paths.tolist() if isinstance(paths, np.ndarray) else paths):
         tau += table[bisect.bisect_left(EDGES, lp)]
@@ -78,12 +82,12 @@ def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
     return out
 
 
-
 def mean_curve(recent, calibration: Calibration) -> list[float]:
     """E[tau | N] of a sequence's next tree, guessed as the mean of its recent trees' curves
     (`recent`: their path log-probs, oldest first) under its current calibration, each held at
     its last value past its own size ([1.0], plain's one token, before any tree)."""
-    curves = [tau_curve(p, calibration) for p in recent]
+    table = calibration.table()
+    curves = [_curve(p, table) for p in recent]
     if len(curves) <= 1:
         return curves[0] if curves else [1.0]
     total = [0.0] * max(len(c) for c in curves)  # summed in tree order at every index (plain Python,
