@@ -108,8 +108,16 @@ def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_
     compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled ")]
     assert len(compiled) == 1 and compiled[0].startswith(
         "compiled 3 graphs (target batch 1 x 1, target batch 1 x >1, drafter batch 1 x >1)")
+    def built():  # (model, its bucket's static sizes) of every package the runner holds
+        return sorted((model, sorted(sizes.items())) for model, sizes in llm.engine.runner.built_graphs())
+    one_sequence = built()
+    assert one_sequence == [("drafter", [("B", 1)]), ("target", [("B", 1)]), ("target", [("B", 1), ("R", 1), ("T", 1)])]
     prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    # one auto request: its cost seeding times batch 1 alone, so no batch graph is built for it
+    llm.generate(prompts[:1], params, method="ddtree", budget="auto")
+    assert built() == one_sequence
     ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
+    assert any(("B", 1) not in sizes for _, sizes in built())  # the batch built its own
     for method in ("dflash", "ddtree"):
         outs = llm.generate(prompts, params, method=method)
         assert [o.token_ids for o in outs] == ar, method

@@ -145,6 +145,7 @@ class Engine:
         self.stats = EngineStats()
         self.consecutive_failures = 0  # sequences failed since the last commit
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
+        self.batch_graphs_built = True  # False: a batch's compiled graphs are built when a batch first runs
 
     def warmup(self, progress: bool = False, batched: bool = True) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes: all of them,
@@ -155,7 +156,8 @@ class Engine:
         lim = self.limits
         tokens = max([lim.default_block_size, lim.nodes_of(lim.default_budget) + 1, self.config.draft_len + 1])
         # torch.compile (CUDA) traces without dynamic marks once warm: there every graph compiles now
-        batch = self.config.max_batch_size if batched or not self.runner.aot else 1
+        self.batch_graphs_built = batched or not self.runner.aot
+        batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
         secs = self.runner.warmup(buckets, progress)
         log.info("compiled %d graphs (%s) in %.1f s", len(buckets),

@@ -196,6 +196,13 @@ class ModelRunner:
             self._fns[True] = (torch.compile(self._target_step, dynamic=False, fullgraph=True),
                                torch.compile(self._draft_step, dynamic=False, fullgraph=True))
 
+    def built_graphs(self) -> list[tuple[str, dict[str, int]]]:
+        """The AOT packages this runner holds now: (model, the sizes static in that bucket) each,
+        e.g. ("target", {"B": 1, "T": 1}); none when eager or on CUDA."""
+        if not self.aot:
+            return []
+        return [(g.name, dict(bucket)) for g in self._fns[True] if g is not None for bucket in g.packages]
+
     def use_compiled(self, on: bool) -> None:
         """Switch a compiled runner between its compiled and eager forwards (bench compares them)."""
         if on not in self._fns:
