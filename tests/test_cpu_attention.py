@@ -52,6 +52,16 @@ def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths):
     torch.testing.assert_close(out.double(), reference(*args), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("B, T", [(1, 0), (0, 3)])
+def test_a_call_without_queries_returns_an_empty_output(B, T):
+    """No query tokens (or no sequences): an empty result. The work split divides by both, and a
+    division by zero is a SIGFPE that would end the whole process."""
+    q, kn, vn, kc, vc, table, lengths, vis, P = case(2, 3, 3, 4, 2, 64, 16, [5, 9])
+    q, kn, vn, vis = q[:B, :T], kn[:B, :T], vn[:B, :T], vis[:B, :T, :T]
+    out = cpu_dense.paged_attention(q, kn, vn, kc, vc, table[:B], lengths[:B], vis, P)
+    assert out.shape == (B, T, 4, 64)
+
+
 def test_scores_far_below_the_maximum_get_no_weight_not_a_nan():
     """Scores 88-90 below a row's maximum are where exp's exponent bits run out (2^-127, 2^-128):
     they must weigh 0, not -inf or NaN. Keys scaled so one dominates by hundreds."""

@@ -179,6 +179,46 @@ def test_a_failing_sequence_fails_alone(pair, method):
     assert [o.text for o in llm.generate(prompts, params, use_tqdm=False)] == [o.text for o in ref]
 
 
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+@pytest.mark.parametrize("fails_at", [1, 4])  # its first token (the prefill's draw), a later round's commit
+def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
+    """A commit that raises for one sequence (here its stop strings' decode, the engine's injected
+    `decode`, once its text has `fails_at` tokens) ends that sequence with "error"; the others
+    decode exactly as without it, and no slot or page is left behind. (At the prefill's draw this
+    once ended the process: the batch's prefill was rerun per sequence with nothing left to
+    prefill, and the attention kernel divided by zero.)"""
+    from flashtree.engine.engine import Engine, EngineConfig
+    from flashtree.models.loader import load_drafter, load_target
+    target = load_target(pair[0], dtype="float32", device="cpu")
+    drafter = load_drafter(pair[1], target)
+    tokenizer = Tokenizer(pair[0])
+
+    def decode(ids):
+        if len(ids) >= fails_at:
+            raise UnicodeError("this decoder cannot read these ids")
+        return tokenizer.decode(ids)
+
+    def run(with_failing: bool):
+        eng = Engine(target, drafter, EngineConfig(method=method, max_batch_size=4, max_model_len=128), decode=decode)
+        params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+        seqs = [eng.add_request(tokenizer.encode(p), params) for p in ("t1 t2", "t7 t8 t9", "t40")]
+        if with_failing:  # only a request with stop strings decodes its text
+            seqs.insert(1, eng.add_request(tokenizer.encode("t30 t31"), SamplingParams(
+                temperature=0, max_tokens=10, ignore_eos=True, stop=["t5"])))
+        while eng.has_work():
+            eng.step()
+        assert eng.blocks.free_slots == eng.blocks.num_slots
+        return eng, seqs
+
+    _, alone = run(False)
+    eng, seqs = run(True)
+    failed = seqs.pop(1)
+    assert failed.finish_reason == "error" and "UnicodeError: this decoder cannot read these ids" in failed.error
+    assert len(failed.output_ids) >= fails_at
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == [(s.output_ids, "length") for s in alone]
+    assert eng.consecutive_failures == 0  # the others committed after it
+
+
 def test_a_broken_engine_stops_and_health_says_so(pair):
     llm = LLM(model=pair[0], draft=pair[1], method="ar", max_batch_size=2)
 

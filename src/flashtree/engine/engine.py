@@ -441,7 +441,10 @@ class Engine:
             if not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
-            self._emit(s, [tok])
+            try:
+                self._emit(s, [tok])
+            except Exception as e:  # noqa: BLE001 -- its own (its stop strings' decode, say): the batch's
+                self._fail(s, e)    # prefill stands, and rerunning it would prefill the others twice
 
     def _keeps_drafter_context(self, s: Sequence) -> bool:
         """Whether s's rows go to the drafter cache as they are prefilled: a drafter sequence's
@@ -542,24 +545,33 @@ class Engine:
 
     def _commit(self, batch, out: RoundOutput) -> None:
         """Commit the round: each sequence's accepted path (`_commit_path`), one verdict for auto's
-        drafting, the accepted K/V rows moved onto their final positions, the pages settled."""
+        drafting, the accepted K/V rows moved onto their final positions, the pages settled. A
+        sequence whose commit raises (its stop strings' decode, say) fails alone: its rows are
+        neither moved nor named, and the others commit."""
         accepted, bonus = out.vout.accepted, out.vout.bonus.tolist()              # on the host already
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
         moves: tuple[list, list, list] = ([], [], [])  # slots, from rows, to rows of accepted K/V
         probed = []                                    # auto sequences that drafted: (seq, choice, tau)
+        committed = []
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
                 continue
-            self.consecutive_failures = 0
             path = [0] if plain else np.flatnonzero(accepted[b]).tolist()  # node order == depth order
+            start, choice = s.length, out.choices[b]
+            try:
+                drafted = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0)
+            except Exception as e:  # noqa: BLE001 -- its own; an engine bug fails them all (max_consecutive_failures)
+                self._fail(s, e)
+                continue
+            self.consecutive_failures = 0
+            committed.append(s)
             for j, i in enumerate(path[1:], 1):
-                moves[0].append(s.slot), moves[1].append(s.length + i), moves[2].append(s.length + j)
-            choice = out.choices[b]
-            if self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0):
+                moves[0].append(s.slot), moves[1].append(start + i), moves[2].append(start + j)
+            if drafted:
                 probed.append((s, choice, len(path)))
         self.adaptive.settle(probed)
         self.runner.move(*moves)
-        self._settle_pages(batch, drafter_wrote=out.passed > 0)
+        self._settle_pages(committed, drafter_wrote=out.passed > 0)
         self.stats.rounds += 1
 
     def _commit_path(self, s: Sequence, tree: DraftTree, path: list[int], bonus: int, choice: Choice | None,

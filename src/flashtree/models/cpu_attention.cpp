@@ -301,6 +301,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   const at::Tensor qc = q.contiguous(), kn = k_new.contiguous(), vn = v_new.contiguous(), kc = k_cache.contiguous(),
                    vc = v_cache.contiguous(), tb = table.contiguous(), ln = lengths.contiguous(), vs = vis.contiguous();
   at::Tensor out = at::empty({B, T, H, D}, q.options());
+  if (B == 0 || T == 0) return out;  // no query: nothing to attend (the work split below divides by both)
   const float* Q = qc.data_ptr<float>();
   const int64_t *TB = tb.data_ptr<int64_t>(), *LN = ln.data_ptr<int64_t>();
   const bool* VS = vs.data_ptr<bool>();
