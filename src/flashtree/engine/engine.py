@@ -279,7 +279,7 @@ class Engine:
             logged = len(self.round_log) if self.round_log is not None else 0
             # auto's verdict is taken once a step, outside the round: a round rerun per sequence
             # (see _isolated) drafts as the whole batch was decided to
-            depth = dict(zip(batch, self._auto_depths(batch, [self._depth_limit(s) for s in batch])))
+            depth = dict(zip(batch, self._auto_depths(batch, [self.depth_limit(s) for s in batch])))
             parts = self._isolated(lambda part: self._round(part, [depth[s] for s in part]), batch)
             for part, out in parts:
                 self._timed("commit", self._commit, part, out)
@@ -485,7 +485,7 @@ class Engine:
         return [root_only(s.bonus) if d is None else self.proposers[s.method].tree(s, d, depths[b])
                 for b, (s, d) in enumerate(zip(batch, drafts))]
 
-    def _depth_limit(self, s: Sequence) -> int:
+    def depth_limit(self, s: Sequence) -> int:
         """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
         (a round emits depth+1 tokens), or the context limit."""
         return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
