@@ -3,8 +3,9 @@
 Greedy output of every method equals plain greedy decoding (method "ar") token for token, at
 C=1 and C=8, within a dtype; sampled output at T=0.6 and 1.0 (top-p 0.95) follows the target's
 exact next-token distribution at positions drafted and verified in trees (`position_check`),
-with drafts verified (tau > 1), and a verifier 10 % off in temperature is caught. The default
-suite runs the C=8 float32 greedy check; the rest is marked slow (`make test-slow`)."""
+with drafts verified (tau > 1), and a verifier 10 % off in temperature is caught (sampled checks
+in float32: see `pair`). The default suite runs the C=8 float32 greedy check; the rest is marked
+slow (`make test-slow`)."""
 from __future__ import annotations
 
 import pytest
@@ -59,7 +60,12 @@ def test_greedy_equals_ar_for_every_method(dtype, batch):
 
 @pytest.fixture(scope="module")
 def pair():
-    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", compile=False, method="ar", max_model_len=1024)
+    # float32: the reference distribution (`exact_distribution`, one uncached forward) then agrees
+    # with the engine's paged forward to ~1e-6. In bfloat16 the two forwards round differently, and
+    # a logit near 20 moves in steps of 0.125 (x1.23 in probability at T=0.6): the reference was
+    # not the distribution the engine samples from (dflash, T=0.6: 1 and 2 samples outside its
+    # top-p support, p = 0), while the same check in float32 passes (min p 0.016).
+    llm = LLM("smollm2-135m-instruct", dtype="float32", compile=False, method="ar", max_model_len=1024)
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about the sea."}])
     return llm.engine.target, llm.engine.drafter, prompt
 
