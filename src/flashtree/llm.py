@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine.engine import Engine
-from .engine.engine_config import DEFAULT_PREFILL_STALL, EngineConfig
+from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence
 from .errors import UserError
 from .models.loader import load_drafter, load_target
@@ -20,12 +20,6 @@ from .models.registry import BUNDLED_DRAFTER, BUNDLED_TARGET, resolve  # noqa: F
 from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
-
-
-# precompile=: which compiled graphs LLM() builds before it returns. "single": the ones one sequence
-# runs (a first chat answers after them); graphs for batches compile the first time a batch runs.
-# "all": every graph this engine can run (a server, a benchmark: no compile inside a request).
-PRECOMPILE = ("single", "all")
 
 
 def default_method(draft) -> str:

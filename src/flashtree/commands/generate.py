@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..engine.engine_config import DEFAULT_PREFILL_STALL
+from ..engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE
 from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
 
@@ -41,7 +41,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
                         "--no-compile runs eager PyTorch")
-    p.add_argument("--precompile", choices=("single", "all"), default=None,
+    p.add_argument("--precompile", choices=PRECOMPILE, default=None,
                    help="compiled graphs built at load: single (what one sequence runs; batch graphs compile on "
                         "first use) or all (default: all for serve and bench, single otherwise)")
     p.add_argument("--kv-cache-tokens", type=int, default=None,
@@ -85,7 +85,7 @@ def sampling_params(args):
 
 def load_llm(args, precompile: str = "single", **kw):
     """The LLM the command-line arguments name; `precompile` is the command's own default when
-    --precompile is not given (see `llm.PRECOMPILE`)."""
+    --precompile is not given (see `engine_config.PRECOMPILE`)."""
     from ..llm import LLM
     from ..models.loader import resolve_device, resolve_dtype
     try:  # --device / --dtype, checked before any weights load

@@ -31,8 +31,7 @@ from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, ProposerCo
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput
 from .block_manager import BlockManager
-from .engine_config import (AUTO_MAX_BUDGET, DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS,  # noqa: F401 (re-exported)
-                            DEFAULT_PREFILL_STALL, MAX_BUDGET, EngineConfig, kv_cache_plan)
+from .engine_config import DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
 from .round import EngineStats, RoundRecord, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
@@ -559,7 +558,7 @@ class Engine:
             path = [0] if plain else np.flatnonzero(accepted[b]).tolist()  # node order == depth order
             start, choice = s.length, out.choices[b]
             try:
-                drafted = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0)
+                judged = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0)
             except Exception as e:  # noqa: BLE001 -- its own; an engine bug fails them all (max_consecutive_failures)
                 self._fail(s, e)
                 continue
@@ -567,7 +566,7 @@ class Engine:
             committed.append(s)
             for j, i in enumerate(path[1:], 1):
                 moves[0].append(s.slot), moves[1].append(start + i), moves[2].append(start + j)
-            if drafted:
+            if judged:  # an auto sequence that drafted: the round's verdict covers it
                 probed.append((s, choice, len(path)))
         self.adaptive.settle(probed)
         self.runner.move(*moves)

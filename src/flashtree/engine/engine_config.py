@@ -18,6 +18,10 @@ AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a bes
 MAX_PAGE_SIZE = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt rows prefilled per step (padding included)
 DEFAULT_PREFILL_STALL = 2.0  # a stream's longest gap: its round + a paced prefill, ~3-4x its median
+# LLM(precompile=): which compiled graphs are built at load. "single": the ones one sequence runs
+# (a first chat answers after them); graphs for batches compile the first time a batch runs.
+# "all": every graph the engine can run (a server, a benchmark: no compile inside a request).
+PRECOMPILE = ("single", "all")
 
 
 @dataclass(slots=True)
