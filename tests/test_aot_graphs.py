@@ -121,4 +121,4 @@ def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_
     for method in ("dflash", "ddtree"):
         outs = llm.generate(prompts, params, method=method)
         assert [o.token_ids for o in outs] == ar, method
-        assert max(o.metrics.mean_accept_length for o in outs) >= 1
+    assert ("target", []) in built()  # batched verifies (B>1 x T>1) ran through a graph compiled on first use
