@@ -46,7 +46,7 @@ def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
     """Batch 1 and the engine's batch size (as slots allow) at the widths `tokens` (up to auto's
     widest round), then the drafter pass at both batch sizes where a drafter builds trees. Batch 1
     alone while the batch graphs are not compiled yet (`LLM(precompile="single")`): timing them
-    would compile them in the first request (~70 s on 2 cores); a batch's costs are estimated from
+    would compile them in the first request (86 s of the first chat on 2 cores); a batch's costs are estimated from
     batch 1's at the same total tokens until its own rounds measure them."""
     batches = sorted({1, min(free, engine.config.max_batch_size)}) if engine.batch_graphs_built else [1]
     widest = min(max(tokens), engine.limits.auto_budget + 1, engine.max_model_len - 1)
