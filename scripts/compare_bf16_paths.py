@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 SHAPES = [(1, 576, 576), (1, 576, 1536), (1, 1536, 576), (3, 576, 192), (17, 576, 1536), (1, 576, 49152)]
+CASES = [(M, K, N, scale) for M, K, N in SHAPES for scale in (1.0, 30.0)]
 
 
 def run(out: str) -> None:
@@ -21,12 +22,11 @@ def run(out: str) -> None:
     assert cd.available(), cd.why_unavailable()
     g = torch.Generator().manual_seed(0)
     ys = []
-    for M, K, N in SHAPES:
-        for scale in (1.0, 30.0):
-            w = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
-            x = (torch.randn(M, K, generator=g) * scale).to(torch.bfloat16)
-            b = torch.randn(N, generator=g).to(torch.bfloat16)
-            ys.append(cd.dense(x, w, cd.pack(w), b).float())
+    for M, K, N, scale in CASES:
+        w = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
+        x = (torch.randn(M, K, generator=g) * scale).to(torch.bfloat16)
+        b = torch.randn(N, generator=g).to(torch.bfloat16)
+        ys.append(cd.dense(x, w, cd.pack(w), b).float())
     torch.save(ys, out)
 
 
@@ -39,13 +39,9 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, "--run", paths[amx]], check=True,
                            env={**os.environ, "FLASHTREE_AMX": amx})
         a, b = torch.load(paths["1"]), torch.load(paths["0"])
-    i = 0
-    for M, K, N in SHAPES:
-        for scale in (1.0, 30.0):
-            x, y = a[i], b[i]
-            print(f"[{M}, {K}] x [{N}, {K}]^T, x scale {scale:g}: {int((x != y).sum())} of {x.numel()} outputs "
-                  f"differ (max {float((x - y).abs().max()):.3g})")
-            i += 1
+    for (M, K, N, scale), x, y in zip(CASES, a, b):
+        print(f"[{M}, {K}] x [{N}, {K}]^T, x scale {scale:g}: {int((x != y).sum())} of {x.numel()} outputs "
+              f"differ (max {float((x - y).abs().max()):.3g})")
 
 
 if __name__ == "__main__":

@@ -257,8 +257,8 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
 @torch.no_grad()
 def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: list[dict]) -> None:
     """Start from `old`, a trained drafter that may tap other target layers and have fewer layers:
-    its layers and norms as they are, any further layers as the identity, `fc` refit by least squares so that fc(new features) ≈ old fc(old features) on
-    the tokens of `rows`. Old features are read as they were computed when `old` was trained
+    its layers and norms as they are, any further layers as the identity, `fc` refit by least
+    squares so that fc(new features) ≈ old fc(old features) on the tokens of `rows`. Old features are read as they were computed when `old` was trained
     (raw decoder-layer outputs, the last one pre-norm), so a drafter from before the HF feature
     convention keeps what it learned; new features follow `TargetModel.forward`."""
     n_old, n_new = len(old.layers), len(drafter.layers)
