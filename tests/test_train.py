@@ -178,3 +178,30 @@ def test_a_drafter_grown_by_a_layer_starts_as_the_one_it_grew_from(trained):
         assert torch.equal(grown(embeds, block_pos, feats, ctx_pos), old(embeds, block_pos, feats, ctx_pos))
     with pytest.raises(Exception, match="at least as many"):
         init_from_drafter(DFlashDrafter(cfg), grown, target, rows=[])
+
+
+def test_a_drafter_moved_to_more_feature_layers_keeps_its_fused_input(trained):
+    """`--init-from` with other feature layers refits `fc` by least squares; over a superset of
+    the old layers the old map is representable, so fc(new features) reproduces old fc(old
+    features) on tokens it was not fitted on."""
+    from flashtree.models.drafter import DFlashDrafter
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.train.drafter import init_from_drafter
+    target_dir, out, work = trained
+    target = load_target(target_dir, dtype="float32", device="cpu")
+    old = load_drafter(out, target).float()
+    raw = json.loads((out / "config.json").read_text())
+    taps = [0, 1, 2]
+    assert set(old.config.target_layer_ids) < set(taps)
+    moved = DFlashDrafter(DrafterConfig.from_dict(
+        {**raw, "dflash_config": {**raw["dflash_config"], "target_layer_ids": taps}}, source="moved"))
+    rows = [json.loads(line) for line in (work / "regenerated.jsonl").open()]
+    init_from_drafter(moved, old, target, rows[:16])
+    ids = torch.tensor([rows[20]["ids"]])
+    pos = torch.arange(ids.shape[1])[None]
+    with torch.no_grad():
+        _, new = target(ids, pos, feature_layers=taps)
+        _, before = target(ids, pos, feature_layers=old.config.target_layer_ids)
+        want, got = old.fc(before), moved.fc(new)
+    assert (got - want).norm() / want.norm() < 1e-2
+    assert torch.equal(moved.layers[0].mlp.down_proj.weight, old.layers[0].mlp.down_proj.weight)

@@ -258,9 +258,8 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
 def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: list[dict]) -> None:
     """Start from `old`, a trained drafter that may tap other target layers and have fewer layers:
     its layers and norms as they are, any further layers as the identity, `fc` refit by least
-    squares so that fc(new features) ≈ old fc(old features) on the tokens of `rows`. Old features are read as they were computed when `old` was trained
-    (raw decoder-layer outputs, the last one pre-norm), so a drafter from before the HF feature
-    convention keeps what it learned; new features follow `TargetModel.forward`."""
+    squares so that fc(new features) ≈ old fc(old features) on the tokens of `rows` (both read
+    by `TargetModel.forward`; a superset of the old layers fits exactly)."""
     n_old, n_new = len(old.layers), len(drafter.layers)
     if n_new < n_old:
         raise UserError(f"--init-from: that drafter has {n_old} layers; a drafter grown from it needs at least as "
@@ -285,14 +284,9 @@ def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: 
         ids = torch.tensor([r["ids"]])
         pos = torch.arange(ids.shape[1])[None]
         _, new = target(ids, pos, feature_layers=drafter.config.target_layer_ids)
-        x = target.model.embed_tokens(ids)
-        cos, sin = target.model.rotary_emb(pos, x.dtype)
-        raw = []
-        for i, layer in enumerate(target.model.layers):
-            x = layer(x, cos, sin, i, None)
-            raw.append(x)
-        xs.append(new[0])
-        ys.append(old.fc(torch.cat([raw[i] for i in old.config.target_layer_ids], dim=-1))[0])
+        _, before = target(ids, pos, feature_layers=old.config.target_layer_ids)
+        xs.append(new[0].float())
+        ys.append(old.fc(before.to(old.fc.weight.dtype))[0].float())
     X, Y = torch.cat(xs).double(), torch.cat(ys).double()                      # [N, n*H], [N, H]
     ridge = 1e-4 * X.pow(2).mean() * len(X) * torch.eye(X.shape[1], dtype=X.dtype)
     W = torch.linalg.solve(X.T @ X + ridge, X.T @ Y)                           # [n*H, H]
