@@ -219,6 +219,107 @@ def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
     assert eng.consecutive_failures == 0  # the others committed after it
 
 
+class FailsOnPrefill:
+    """A method's proposer that raises when told of one request's prefill (its bookkeeping after
+    the forward): every other call goes to the engine's own proposer."""
+    def __init__(self, inner, req_id: int):
+        self.inner, self.req_id = inner, req_id
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def on_prefill(self, seq, rows):
+        if seq.req_id == self.req_id:
+            raise RuntimeError("injected failure after the prefill's forward")
+        self.inner.on_prefill(seq, rows)
+
+
+def tiny_engine(pair, method, **kw):
+    from flashtree.engine.engine import Engine, EngineConfig
+    from flashtree.models.loader import load_drafter, load_target
+    target = load_target(pair[0], dtype="float32", device="cpu")
+    return Engine(target, load_drafter(pair[1], target), EngineConfig(method=method, max_batch_size=4,
+                                                                      max_model_len=128, **kw))
+
+
+def run_to_end(eng, prompts, params, max_steps=200):
+    seqs = [eng.add_request(p, params) for p in prompts]
+    for _ in range(max_steps):
+        if not eng.has_work():
+            return seqs
+        eng.step()
+    raise AssertionError(f"the engine still has work after {max_steps} steps")
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_a_sequence_failing_after_its_prefill_fails_alone(pair, method):
+    """A failure after the prefill's forward, in one sequence's bookkeeping, ends that sequence
+    with "error"; the forward is not rerun, so the others, already advanced past their prompts,
+    decode exactly as without it. (Rerun per sequence, their chunks were empty: the forward read
+    a logit at index -1 and a sequence drew a first token from it, or never decoded.)"""
+    tokenizer = Tokenizer(pair[0])
+    prompts = [tokenizer.encode(p) for p in ("t1 t2", "t7 t8 t9", "t30 t31", "t40")]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    alone = run_to_end(tiny_engine(pair, method), prompts[:2] + prompts[3:], params)
+    eng = tiny_engine(pair, method)
+    eng.proposers[method] = FailsOnPrefill(eng.proposers[method], req_id=2)
+    seqs = run_to_end(eng, prompts, params)
+    failed = seqs.pop(2)
+    assert failed.finish_reason == "error" and "injected failure" in failed.error and not failed.output_ids
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == [(s.output_ids, "length") for s in alone]
+    assert eng.blocks.free_slots == eng.blocks.num_slots
+
+
+def test_a_failing_auto_verdict_fails_no_request(pair, caplog):
+    """budget auto's plain-or-draft verdict only sizes drafts: when it raises, the round drafts
+    to each sequence's limit, logged, and every request decodes what plain decoding does."""
+    from flashtree.speculative.costs import CostTable
+
+    class VerdictFails(CostTable):
+        @property
+        def measured(self):  # read by the verdict alone
+            raise RuntimeError("injected failure in the verdict")
+
+    tokenizer = Tokenizer(pair[0])
+    prompts = [tokenizer.encode(p) for p in ("t1 t2", "t7 t8 t9")]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = run_to_end(tiny_engine(pair, "ar"), prompts, params)
+    eng = tiny_engine(pair, "ddtree")
+    eng.adaptive.costs = VerdictFails(learn=False)
+    with caplog.at_level(logging.ERROR, logger="flashtree.engine"):
+        seqs = run_to_end(eng, prompts, params)
+    assert "verdict failed" in caplog.text
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == [(s.output_ids, "length") for s in plain]
+    assert max(t for s in seqs for t in s.metrics.accept_lengths) > 1  # the rounds drafted
+
+
+def test_a_failing_cost_measurement_fails_no_request(pair, caplog):
+    """Timing forwards for auto's cost table only speeds its start: a measurement that raises
+    ends the seeding, logged, and the requests decode on, exactly."""
+    from flashtree.speculative.costs import CostTable
+
+    class FirstRecordFails(CostTable):
+        failures = 0
+
+        def record_verify(self, batch, tokens, secs):
+            if not FirstRecordFails.failures:  # the first record is the seeder's, before any round
+                FirstRecordFails.failures += 1
+                raise RuntimeError("injected failure in a cost measurement")
+            super().record_verify(batch, tokens, secs)
+
+    tokenizer = Tokenizer(pair[0])
+    prompts = [tokenizer.encode(p) for p in ("t1 t2", "t7 t8 t9")]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = run_to_end(tiny_engine(pair, "ar"), prompts, params)
+    eng = tiny_engine(pair, "ddtree")
+    eng.adaptive.costs = costs = FirstRecordFails()
+    with caplog.at_level(logging.ERROR, logger="flashtree.engine"):
+        seqs = run_to_end(eng, prompts, params)
+    assert FirstRecordFails.failures == 1 and "cost table failed" in caplog.text
+    assert eng.seeder.done and costs.verify_s  # seeding ended; rounds measured instead
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == [(s.output_ids, "length") for s in plain]
+
+
 def test_a_broken_engine_stops_and_health_says_so(pair):
     llm = LLM(model=pair[0], draft=pair[1], method="ar", max_batch_size=2)
 

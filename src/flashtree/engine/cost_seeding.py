@@ -6,11 +6,13 @@ sequence runs, `CostSeeder` times them on free cache slots over a short dummy co
 other sequences decode it runs one forward per engine step, in steps that prefill nothing, so
 no stream waits on the seeding longer than on a prefill chunk; on an idle engine it runs them
 all at once. An auto sequence decides from what is measured so far meanwhile (unmeasured costs:
-it trusts the drafter). Sequences, counters and the free-slot order are left as they were. It
-decides nothing.
+it trusts the drafter). Sequences, counters and the free-slot order are left as they were. A
+measurement that fails ends the seeding, logged (rounds then measure the costs). It decides
+nothing.
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections import deque
@@ -22,11 +24,14 @@ import torch
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
 from ..speculative.tree import chain_tree
+from .model_runner import RankLost
 from .round import pack_trees
 from .sequence import Sequence
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+log = logging.getLogger("flashtree.engine")
 
 SEED_TOKENS = (1, 2, 4, 8, 16, 32)  # verify-forward widths timed
 REPEATS = 2                         # timed calls per measurement, after one untimed (warm, compile) call
@@ -76,9 +81,16 @@ class CostSeeder:
             if probe.batch > eng.blocks.free_slots:  # slots went to requests: drop it (rounds measure that)
                 self.plan.popleft()
                 continue
-            probe.times.append(self._call(probe))
-            if len(probe.times) > REPEATS:
-                self._record(self.plan.popleft())
+            try:
+                probe.times.append(self._call(probe))
+                if len(probe.times) > REPEATS:
+                    self._record(self.plan.popleft())
+            except RankLost:
+                raise
+            except Exception:  # noqa: BLE001 -- seeding only speeds auto's start: rounds measure the rest
+                log.exception("timing forwards for budget auto's cost table failed; its costs come from rounds")
+                self.plan.clear()
+                return
             if not all_at_once:
                 return
 

@@ -270,7 +270,8 @@ class Engine:
             self.adaptive.release(s)
         self._seed_costs(prefilling=bool(plan.prefills))
         if plan.prefills:
-            self._timed("prefill", self._isolated, self._prefill, plan.prefills)
+            for part, firsts in self._timed("prefill", self._isolated, self._prefill, plan.prefills):
+                self._timed("prefill", self._commit_prefill, part, firsts)
             if self.pacer is not None:
                 self.pacer.observe_prefill(plan.prefills, self.round_times.prefill)
         batch = [s for s in self.running if s.decoding and not s.finished]
@@ -278,7 +279,7 @@ class Engine:
             logged = len(self.round_log) if self.round_log is not None else 0
             # auto's verdict is taken once a step, outside the round: a round rerun per sequence
             # (see _isolated) drafts as the whole batch was decided to
-            depth = dict(zip(batch, self._auto_depths(batch, [self.depth_limit(s) for s in batch])))
+            depth = dict(zip(batch, self._depths(batch)))
             parts = self._isolated(lambda part: self._round(part, [depth[s] for s in part]), batch)
             for part, out in parts:
                 self._timed("commit", self._commit, part, out)
@@ -314,6 +315,19 @@ class Engine:
         logits = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self._verify, batch, vin, logits)
         return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up)
+
+    def _depths(self, batch: list[Sequence]) -> list[int]:
+        """Each sequence's draft depth this round: its limit, or 0 where auto's verdict says plain
+        steps pay. The verdict only sizes drafts, and any depth decodes exactly, so a verdict that
+        raises is logged and the limits stand: no request fails for it."""
+        limits = [self.depth_limit(s) for s in batch]
+        try:
+            return self._auto_depths(batch, limits)
+        except RankLost as e:
+            raise EngineFailure(str(e)) from e
+        except Exception:  # noqa: BLE001
+            log.exception("budget auto's plain-or-draft verdict failed; this round drafts to each limit")
+            return limits
 
     def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
         """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
@@ -402,10 +416,12 @@ class Engine:
         self.round_times.add(name, dt)
         return out
 
-    def _prefill(self, seqs: list[Sequence]) -> None:
+    def _prefill(self, seqs: list[Sequence]) -> list[int | None]:
         """The next `chunk` tokens of each sequence's `cache_ids`, after its `prefilled` ones, in one
-        forward; a sequence whose prefill completes samples its first token (unless it is a
-        preempted one coming back: its last token is already drawn)."""
+        forward; a sequence whose prefill completes draws its first token (unless it is a preempted
+        one coming back: its last token is already drawn). Returns each sequence's drawn token or
+        None; touches no sequence state (the forward's K/V rows are the same on a rerun), so it
+        can be rerun per sequence (see _isolated)."""
         dev = self.device
         chunks = [s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs]
         B, T = len(seqs), max(len(c) for c in chunks)
@@ -422,28 +438,43 @@ class Engine:
         vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
         last = torch.arange(B, device=dev) * T + n - 1                    # [B] flat index of each chunk's last token
         logits = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
-        done = [s.prefilled + s.chunk == len(s.cache_ids) for s in seqs]
-        fresh = [b for b, s in enumerate(seqs) if done[b] and not s.output_ids]
+        fresh = [b for b, s in enumerate(seqs) if s.prefilled + s.chunk == len(s.cache_ids) and not s.output_ids]
+        if not fresh:
+            return [None] * B
         zero = torch.zeros(len(fresh), dtype=torch.long, device=dev)  # each draws its output position 0
         first = self._sample([seqs[b] for b in fresh], logits[fresh], [(i, i + 1) for i in range(len(fresh))],
-                             zero, [0] * len(fresh)) if fresh else None
-        for b, s in enumerate(seqs):
-            s.prefilled += s.chunk
-            s.length, s.decoding = s.prefilled, done[b]
-            self.proposers[s.method].on_prefill(s, len(chunks[b]))
-            self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
-        if self.drafts is not None:
-            self._write_drafter_context([(s, s.length - len(c), s.length) for s, c in zip(seqs, chunks)
-                                         if self._keeps_drafter_context(s)])
-        for b, tok in zip(fresh, first.tolist() if first is not None else []):
-            s = seqs[b]
-            if not self._drew_token(s, tok):
+                             zero, [0] * len(fresh))
+        firsts: list[int | None] = [None] * B
+        for b, tok in zip(fresh, first.tolist()):
+            firsts[b] = tok
+        return firsts
+
+    def _commit_prefill(self, seqs: list[Sequence], firsts: list[int | None]) -> None:
+        """Advance each prefilled sequence past its chunk, name its full pages, write its drafter
+        context and emit its first token. Each sequence stands alone: one that fails here is
+        finished with "error" while the forward stands for the others (rerunning it would
+        prefill them twice)."""
+        kept = []
+        for s in seqs:
+            try:
+                s.prefilled += s.chunk
+                s.length, s.decoding = s.prefilled, s.prefilled == len(s.cache_ids)
+                self.proposers[s.method].on_prefill(s, s.chunk)
+                self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
+                kept.append(s)
+            except Exception as e:  # noqa: BLE001 -- its own: the others' prefill stands
+                self._fail(s, e)
+        if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
+            self._isolated(lambda part: self._write_drafter_context([(s, s.length - s.chunk, s.length) for s in part]),
+                           [s for s in kept if self._keeps_drafter_context(s)])
+        for s, tok in zip(seqs, firsts):
+            if tok is None or s.finished or not self._drew_token(s, tok):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             try:
                 self._emit(s, [tok])
-            except Exception as e:  # noqa: BLE001 -- its own (its stop strings' decode, say): the batch's
-                self._fail(s, e)    # prefill stands, and rerunning it would prefill the others twice
+            except Exception as e:  # noqa: BLE001 -- its own (its stop strings' decode, say)
+                self._fail(s, e)
 
     def _keeps_drafter_context(self, s: Sequence) -> bool:
         """Whether s's rows go to the drafter cache as they are prefilled: a drafter sequence's
