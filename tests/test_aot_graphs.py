@@ -122,3 +122,33 @@ def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_
         outs = llm.generate(prompts, params, method=method)
         assert [o.token_ids for o in outs] == ar, method
     assert ("target", []) in built()  # batched verifies (B>1 x T>1) ran through a graph compiled on first use
+
+
+def test_precompile_all_compiles_the_batch_graphs_in_a_helper_process(tiny_pair, cache, caplog):
+    """LLM(precompile="all") on an empty cache: this process compiles the three one-sequence
+    graphs while a helper process compiles the three batch graphs into the same cache, under the
+    same keys, so this process loads them (compiles none of them) and holds all six; output
+    through them equals plain decoding's. On a warm cache no helper starts."""
+    import logging
+
+    from flashtree import LLM, SamplingParams
+    from flashtree.engine import compile_helper
+    from helpers import repetitive_prompts
+    if compile_helper.cores() < 2:
+        pytest.skip("one core: the load compiles every graph itself")
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        llm = LLM(*tiny_pair, method="dflash", compile=True, precompile="all", max_batch_size=4)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("compiling 3 graphs in a helper process") for m in messages), messages
+    assert any(m.startswith("compiled 6 graphs") and m.endswith("(3 in a helper process)") for m in messages)
+    compiled_here = [m for m in messages if m.startswith("compiling the ")]  # (the helper logs to itself)
+    assert len(compiled_here) == 3 and all("B=1" in m for m in compiled_here), compiled_here
+    assert len(llm.engine.runner.built_graphs()) == 6 and len(list(cache.glob("*.pt2"))) == 6
+    prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
+    assert [o.token_ids for o in llm.generate(prompts, params, method="dflash")] == ar
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        again = LLM(*tiny_pair, method="dflash", compile=True, precompile="all", max_batch_size=4)
+    assert not any("helper" in r.getMessage() for r in caplog.records)
+    assert len(again.engine.runner.built_graphs()) == 6

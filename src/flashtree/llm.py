@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from .engine import compile_helper
 from .engine.engine import Engine
 from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence
@@ -104,7 +107,12 @@ class LLM:
                              decode=self.tokenizer.decode)
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
-        self.engine.warmup(progress=sys.stderr.isatty(), batched=self.precompile == "all")
+        helper = None
+        if self.precompile == "all" and self._ranks is None:  # the batch graphs compile beside the others
+            helper = compile_helper.start(compile_helper.Rebuild(
+                str(self.model_path), str(self.draft_path) if self.draft_path else None,
+                str(self.engine.dtype).removeprefix("torch."), config, torch.get_num_threads()))
+        self.engine.warmup(progress=sys.stderr.isatty(), batched=self.precompile == "all", helper=helper)
         freeze_heap(self)
 
     def _tensor_parallel(self, size, config: EngineConfig, dtype, device):

@@ -122,6 +122,10 @@ class _Runner:
         return tuple(out) if self.out_spec is None else pytree.tree_unflatten(out, self.out_spec)
 
 
+class NotCached(LookupError):
+    """A bucket's package is not on disk, and the graphs were told not to compile (`compile_missing`)."""
+
+
 class AOTGraphs:
     """fn(*args) through an AOTInductor package per bucket. dims: per positional argument, a name per
     axis (None: that axis's size is part of the graph, e.g. a head count) — axes with equal names have
@@ -148,6 +152,7 @@ class AOTGraphs:
             sort_keys=True, default=str)
         self.packages: dict[frozenset, Callable] = {}
         self.compiled_now = 0  # packages compiled (not loaded from the cache) by this object
+        self.compile_missing = True  # False: a bucket not on disk raises NotCached instead of compiling
 
     def bucket(self, args) -> frozenset:
         """The named sizes that are static (below their minimum) in this call, with their values."""
@@ -168,6 +173,8 @@ class AOTGraphs:
     def _load(self, bucket: frozenset, args) -> Callable:
         path = self.path(bucket)
         if not path.exists():
+            if not self.compile_missing:
+                raise NotCached(str(path))
             self._compile(bucket, args, path)
             self.compiled_now += 1
         run = torch._inductor.aoti_load_package(str(path))

@@ -146,10 +146,11 @@ class Engine:
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
         self.batch_graphs_built = True  # False: a batch's compiled graphs are built when a batch first runs
 
-    def warmup(self, progress: bool = False, batched: bool = True) -> None:
+    def warmup(self, progress: bool = False, batched: bool = True, helper=None) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes: all of them,
         or (batched=False) the ones a single sequence runs; a graph not compiled here compiles the
-        first time a step needs it."""
+        first time a step needs it. `helper` (compile_helper.start): the batch graphs not cached
+        yet compile in a helper process meanwhile, and load from the cache after."""
         if not self.runner.compiled:
             return
         lim = self.limits
@@ -158,10 +159,16 @@ class Engine:
         self.batch_graphs_built = batched or not self.runner.aot
         batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
-        secs = self.runner.warmup(buckets, progress)
-        log.info("compiled %d graphs (%s) in %.1f s", len(buckets),
+        own = self.runner.buckets(1, tokens, lim.default_block_size)
+        handed = self.runner.uncached([b for b in buckets if b not in own]) if helper is not None else []
+        running = helper(handed) if handed else None
+        secs = self.runner.warmup(own if running is not None else buckets, progress)
+        if running is not None:
+            running.wait()
+            secs += self.runner.warmup([b for b in buckets if b not in own], progress)
+        log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
-                 secs)
+                 secs, f" ({len(handed)} in a helper process)" if running is not None else "")
 
     @property
     def waiting(self) -> deque[Sequence]:

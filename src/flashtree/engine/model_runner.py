@@ -44,7 +44,7 @@ import torch
 from .. import switches
 from ..errors import UserError
 from . import aot_graphs
-from .aot_graphs import AOTGraphs
+from .aot_graphs import AOTGraphs, NotCached
 from .block_manager import BlockManager
 from .kv_cache import FeatureCache, KVCache, write_features, write_rows
 from ..models.drafter import DFlashDrafter
@@ -370,6 +370,26 @@ class ModelRunner:
         if self.drafter is not None:
             out += [("drafter", b, block_size) for b in batches]
         return out
+
+    def uncached(self, buckets: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        """The buckets whose AOT packages are not on disk yet; the others are loaded now (as
+        `warmup` would). Compiles nothing."""
+        graphs = [g for g in self._fns[True] if g is not None] if self.aot else []
+        if not graphs:
+            return []
+        missing = []
+        for g in graphs:
+            g.compile_missing = False
+        try:
+            for bucket in buckets:
+                try:
+                    self.warmup([bucket])
+                except NotCached:
+                    missing.append(bucket)
+        finally:
+            for g in graphs:
+                g.compile_missing = True
+        return missing
 
     @torch.inference_mode()
     def warmup(self, buckets: list[tuple[str, int, int]], progress: bool = False) -> float:
