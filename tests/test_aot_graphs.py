@@ -152,3 +152,13 @@ def test_precompile_all_compiles_the_batch_graphs_in_a_helper_process(tiny_pair,
         again = LLM(*tiny_pair, method="dflash", compile=True, precompile="all", max_batch_size=4)
     assert not any("helper" in r.getMessage() for r in caplog.records)
     assert len(again.engine.runner.built_graphs()) == 6
+
+
+def test_no_compile_helper_with_the_switch_off_or_on_one_core(monkeypatch):
+    from flashtree.engine import compile_helper
+    from flashtree.engine.engine_config import EngineConfig
+    rebuild = compile_helper.Rebuild("target", None, "float32", EngineConfig(method="ar"), 1)
+    monkeypatch.setenv("FLASHTREE_COMPILE_HELPER", "off")
+    assert compile_helper.start(rebuild) is None
+    monkeypatch.delenv("FLASHTREE_COMPILE_HELPER")
+    assert (compile_helper.start(rebuild) is None) == (compile_helper.cores() < 2)

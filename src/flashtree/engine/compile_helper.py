@@ -18,6 +18,7 @@ import multiprocessing
 import os
 from dataclasses import dataclass
 
+from .. import switches
 from .engine_config import EngineConfig
 
 log = logging.getLogger("flashtree.engine")
@@ -63,8 +64,8 @@ class Helper:
 
 def start(rebuild: Rebuild):
     """A starter for Engine.warmup: hands buckets to a new helper (None if it cannot start); no
-    starter on a single core (two compiles would share it)."""
-    if cores() < 2:
+    starter on a single core (two compiles would share it) or with FLASHTREE_COMPILE_HELPER off."""
+    if cores() < 2 or switches.is_off("FLASHTREE_COMPILE_HELPER"):
         return None
 
     def begin(buckets: list[Bucket]) -> Helper | None:
