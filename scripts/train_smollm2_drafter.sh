@@ -8,9 +8,11 @@
 # drafter. A fresh WORK starts from them: the data is not generated again, and a committed
 # drafter is the starting point (--init-from; the optimiser state is not kept).
 #
-# The bundled drafter is run 5 of a chain, each run from the one before (docs/real-pair.md):
+# The bundled drafter is run 7 of a chain, each run from the one before (docs/real-pair.md):
 # run 2 on 2,000 chats (--num-sequences 2000), run 3 on 5,000 (--steps 2000), runs 4 and 5 on
-# 6,728 and 10,000 (--steps 1500 --lr 3e-4); later arguments override the defaults below.
+# 6,728 and 10,000 (--steps 1500 --lr 3e-4), all reading target layers 1,27 (--target-layer-ids
+# 1,27); run 7 moved run 5 to five target layers (--steps 1500 --lr 5e-4, the default layers
+# below). Later arguments override the defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
@@ -26,5 +28,5 @@ elif [ -f "$KEPT/drafter/model.safetensors" ] && [ "${RESUME:-1}" = 1 ]; then
   extra=(--init-from "$KEPT/drafter")
 fi
 exec .venv/bin/flashtree train-drafter --target smollm2-135m-instruct --out "$WORK/out" --work "$WORK/work" \
-  --data chat --layers 2 --block-size 8 --num-sequences 10000 --response-tokens 192 --anchors 16 --batch-size 8 \
+  --data chat --layers 2 --target-layer-ids 1,7,14,20,27 --block-size 8 --num-sequences 10000 --response-tokens 192 --anchors 16 --batch-size 8 \
   --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${extra[@]}" "$@"
