@@ -47,19 +47,17 @@ class Helper:
     """One helper process compiling `buckets`; `wait()` joins it."""
 
     def __init__(self, rebuild: Rebuild, buckets: list[Bucket]):
-        self.buckets = buckets
         self.process = multiprocessing.get_context("spawn").Process(
             target=_compile, args=(rebuild, buckets), name="flashtree-compile-helper", daemon=True)
         self.process.start()
         log.info("compiling %d graphs in a helper process (pid %d)", len(buckets), self.process.pid)
 
-    def wait(self) -> bool:
-        """Join the helper; True when it compiled everything it was given."""
+    def wait(self) -> None:
+        """Join the helper (what it left uncompiled, the loader's warmup compiles)."""
         self.process.join()
         if self.process.exitcode != 0:
             log.warning("the compile helper exited with %s; its graphs compile in this process",
                         self.process.exitcode)
-        return self.process.exitcode == 0
 
 
 def start(rebuild: Rebuild):

@@ -160,15 +160,17 @@ class Engine:
         batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
         own = self.runner.buckets(1, tokens, lim.default_block_size)
-        handed = self.runner.uncached([b for b in buckets if b not in own]) if helper is not None else []
-        running = helper(handed) if handed else None
-        secs = self.runner.warmup(own if running is not None else buckets, progress)
+        rest = [b for b in buckets if b not in own]
+        if helper is not None:  # the batch graphs on disk load now; the others are the helper's
+            rest = self.runner.uncached(rest)
+        running = helper(rest) if helper is not None and rest else None
+        secs = self.runner.warmup(own if running is not None else own + rest, progress)
         if running is not None:
             running.wait()
-            secs += self.runner.warmup([b for b in buckets if b not in own], progress)
+            secs += self.runner.warmup(rest, progress)
         log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
-                 secs, f" ({len(handed)} in a helper process)" if running is not None else "")
+                 secs, f" ({len(rest)} in a helper process)" if running is not None else "")
 
     @property
     def waiting(self) -> deque[Sequence]:
