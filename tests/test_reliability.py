@@ -179,6 +179,40 @@ def test_a_failing_sequence_fails_alone(pair, method):
     assert [o.text for o in llm.generate(prompts, params, use_tqdm=False)] == [o.text for o in ref]
 
 
+class FailsOnPrefill:
+    """A method's proposer that raises when told of one request's prefill (its bookkeeping after
+    the forward): every other call goes to the engine's own proposer."""
+    def __init__(self, inner, req_id: int):
+        self.inner, self.req_id = inner, req_id
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def on_prefill(self, seq, rows):
+        if seq.req_id == self.req_id:
+            raise RuntimeError("injected failure after the prefill's forward")
+        self.inner.on_prefill(seq, rows)
+
+
+def tiny_engine(pair, method, decode=None, **kw):
+    """An engine on the tiny pair (float32, batch 4); `decode`: its ids -> text (stop strings)."""
+    from flashtree.engine.engine import Engine, EngineConfig
+    from flashtree.models.loader import load_drafter, load_target
+    target = load_target(pair[0], dtype="float32", device="cpu")
+    return Engine(target, load_drafter(pair[1], target), EngineConfig(method=method, max_batch_size=4,
+                                                                      max_model_len=128, **kw), decode=decode)
+
+
+def run_to_end(eng, prompts, params, max_steps=200):
+    """Add `prompts` and step until the engine is idle; its sequences for them."""
+    seqs = [eng.add_request(p, params) for p in prompts]
+    for _ in range(max_steps):
+        if not eng.has_work():
+            return seqs
+        eng.step()
+    raise AssertionError(f"the engine still has work after {max_steps} steps")
+
+
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
 @pytest.mark.parametrize("fails_at", [1, 4])  # its first token (the prefill's draw), a later round's commit
 def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
@@ -187,10 +221,6 @@ def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
     decode exactly as without it, and no slot or page is left behind. (At the prefill's draw this
     once ended the process: the batch's prefill was rerun per sequence with nothing left to
     prefill, and the attention kernel divided by zero.)"""
-    from flashtree.engine.engine import Engine, EngineConfig
-    from flashtree.models.loader import load_drafter, load_target
-    target = load_target(pair[0], dtype="float32", device="cpu")
-    drafter = load_drafter(pair[1], target)
     tokenizer = Tokenizer(pair[0])
 
     def decode(ids):
@@ -199,7 +229,7 @@ def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
         return tokenizer.decode(ids)
 
     def run(with_failing: bool):
-        eng = Engine(target, drafter, EngineConfig(method=method, max_batch_size=4, max_model_len=128), decode=decode)
+        eng = tiny_engine(pair, method, decode=decode)
         params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
         seqs = [eng.add_request(tokenizer.encode(p), params) for p in ("t1 t2", "t7 t8 t9", "t40")]
         if with_failing:  # only a request with stop strings decodes its text
@@ -217,38 +247,6 @@ def test_a_sequence_whose_commit_fails_fails_alone(pair, method, fails_at):
     assert len(failed.output_ids) >= fails_at
     assert [(s.output_ids, s.finish_reason) for s in seqs] == [(s.output_ids, "length") for s in alone]
     assert eng.consecutive_failures == 0  # the others committed after it
-
-
-class FailsOnPrefill:
-    """A method's proposer that raises when told of one request's prefill (its bookkeeping after
-    the forward): every other call goes to the engine's own proposer."""
-    def __init__(self, inner, req_id: int):
-        self.inner, self.req_id = inner, req_id
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def on_prefill(self, seq, rows):
-        if seq.req_id == self.req_id:
-            raise RuntimeError("injected failure after the prefill's forward")
-        self.inner.on_prefill(seq, rows)
-
-
-def tiny_engine(pair, method, **kw):
-    from flashtree.engine.engine import Engine, EngineConfig
-    from flashtree.models.loader import load_drafter, load_target
-    target = load_target(pair[0], dtype="float32", device="cpu")
-    return Engine(target, load_drafter(pair[1], target), EngineConfig(method=method, max_batch_size=4,
-                                                                      max_model_len=128, **kw))
-
-
-def run_to_end(eng, prompts, params, max_steps=200):
-    seqs = [eng.add_request(p, params) for p in prompts]
-    for _ in range(max_steps):
-        if not eng.has_work():
-            return seqs
-        eng.step()
-    raise AssertionError(f"the engine still has work after {max_steps} steps")
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
