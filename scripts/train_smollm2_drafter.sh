@@ -28,5 +28,5 @@ elif [ -f "$KEPT/drafter/model.safetensors" ] && [ "${RESUME:-1}" = 1 ]; then
   extra=(--init-from "$KEPT/drafter")
 fi
 exec .venv/bin/flashtree train-drafter --target smollm2-135m-instruct --out "$WORK/out" --work "$WORK/work" \
-  --data chat --layers 2 --target-layer-ids 1,7,14,20,27 --block-size 8 --num-sequences 10000 --response-tokens 192 --anchors 16 --batch-size 8 \
-  --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${extra[@]}" "$@"
+  --data chat --layers 2 --target-layer-ids 1,7,14,20,27 --block-size 8 --num-sequences 10000 \
+  --response-tokens 192 --anchors 16 --batch-size 8 --steps 3000 --lr 1e-3 --eval-every 100 --threads 2 "${extra[@]}" "$@"
