@@ -4,7 +4,7 @@ import json, time, torch, numpy as np, torch.nn.functional as F
 torch.set_num_threads(2)
 from flashtree.models.registry import resolve
 from flashtree.models.loader import load_target, load_drafter
-from flashtree.train.drafter import block_batch, DrafterRecipe, usable
+from flashtree.train.drafter import block_batch, draw_anchors, DrafterRecipe, usable
 from flashtree.train.features import FeatureStore
 tdir = resolve("smollm2-135m-instruct", None).target
 target = load_target(tdir, dtype="auto", device="cpu")
@@ -21,7 +21,8 @@ for mode in ["fp32", "bf16", "fp32", "bf16"]:
         t = {}
         t0 = time.perf_counter()
         index = rng.integers(0, len(rows), 8).tolist()
-        ids, block_ids, block_pos, labels, mask = block_batch([rows[i] for i in index], recipe, 16, rng)
+        batch = [rows[i] for i in index]
+        ids, block_ids, block_pos, labels, mask = block_batch(batch, recipe, 16, draw_anchors(batch, recipe, rng))
         feats = store.batch(index, ids.shape[1]); t["data"] = time.perf_counter() - t0
         with torch.no_grad():
             embeds = target.model.embed_tokens(block_ids).float()

@@ -21,7 +21,8 @@ def trained(tiny_pair, tmp_path_factory):
     np.save(work / "corpus_tokens.npy", np.random.default_rng(0).integers(1, 95, 4000).astype(np.int32))
     args = ["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
             "--mask-token-id", "95", "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4",
-            "--batch-size", "8", "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1"]
+            "--batch-size", "8", "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1",
+            "--gamma", "4"]  # block 4's default decay, named: the flag reaches the recipe
     assert main(args + ["--steps", "40"]) == 0
     assert main(args + ["--steps", "200", "--resume"]) == 0
     return target, out, work
@@ -32,7 +33,7 @@ def test_resume_continues_from_the_checkpoint(trained):
     steps = [json.loads(line)["step"] for line in (work / "drafter_log.jsonl").open()]
     assert steps == list(range(20, 201, 20))          # the second run started at step 40, not 0
     report = json.loads((out / "training_report.json").read_text())
-    assert report["steps"] == 200 and report["recipe"]["block_size"] == 4
+    assert report["steps"] == 200 and report["recipe"]["block_size"] == 4 and report["recipe"]["gamma"] == 4.0
     hours = [json.loads(line)["elapsed_h"] for line in (work / "drafter_log.jsonl").open()]
     assert hours == sorted(hours)                     # hours spent carry across the resume
 
@@ -45,6 +46,13 @@ def test_starting_over_on_a_checkpoint_is_refused(trained, capsys):
     assert "--resume" in capsys.readouterr().err
     assert json.loads((out / "training_report.json").read_text())["steps"] == 200  # untouched
     assert sum(1 for _ in (work / "regenerated.jsonl").open()) == 32  # refused before regenerating more
+
+
+def test_a_loss_decay_that_is_not_positive_is_refused(trained, capsys):
+    target, out, work = trained
+    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work), "--gamma", "0"])
+    assert code == 2
+    assert "--gamma must be > 0" in capsys.readouterr().err
 
 
 def test_output_is_a_zlab_drafter_that_stays_lossless(trained):
@@ -151,6 +159,57 @@ def test_the_held_out_walk_predicts_the_engines_rounds(trained):
         assert d.metrics.accept_lengths[:len(rounds)] == rounds
         compared += len(rounds)
     assert compared > 40 and max(t for o in spec for t in o.metrics.accept_lengths) > 1  # drafts were accepted
+
+
+def test_walk_anchors_open_where_the_next_round_would(trained):
+    """`walk_successors` (--walk-anchors) moves an anchor p to p + τ(p), τ by the same rule as
+    `chain_taus` (its own one-row forward, independent of the training batch's layout), and keeps it
+    inside the response; a short run with half its anchors walked trains."""
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.train.drafter import DrafterRecipe, chain_taus, usable, walk_successors
+    target_dir, out, work = trained
+    target = load_target(target_dir, dtype="float32", device="cpu")
+    drafter = load_drafter(out, target).float().eval()
+    B, mask_id = drafter.config.block_size, drafter.config.mask_token_id
+    rows = usable([json.loads(line) for line in (work / "regenerated.jsonl").open()][:6], B)
+    recipe = DrafterRecipe(block_size=B, anchors=5)
+    rng = np.random.default_rng(1)
+    anchors = torch.stack([torch.from_numpy(rng.integers(r["prompt_len"] - 1, len(r["ids"]) - B + 1, 5))
+                           for r in rows])                                     # [N, 5]
+    T = max(len(r["ids"]) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r["ids"])] = torch.tensor(r["ids"])
+    feats = target(ids, torch.arange(T).expand_as(ids), feature_layers=drafter.config.target_layer_ids)[1]
+    head = target.lm_head.weight.float()
+    moved = walk_successors(drafter, target, head, rows, anchors, feats, recipe, mask_id, mixed=False)
+    taus = []
+    for i, r in enumerate(rows):
+        per_pos = chain_taus(drafter, target, r, B, mask_id)                   # per_pos[j]: anchor prompt_len-1+j
+        for a, m in zip(anchors[i].tolist(), moved[i].tolist()):
+            tau = int(per_pos[a - (r["prompt_len"] - 1)])
+            assert m == min(a + tau, len(r["ids"]) - B)
+            taus.append(tau)
+    assert len(set(taus)) > 1 and max(taus) > 1  # both hits and misses were walked
+    args = ["train-drafter", "--target", str(target_dir)]
+    walk_out, walk_work = work.parent / "walked", work.parent / "walked-work"
+    walk_work.mkdir()
+    for name in ("regenerated.jsonl", "corpus_tokens.npy"):  # the fixture's data, not made again
+        (walk_work / name).write_bytes((work / name).read_bytes())
+    assert main(args + ["--out", str(walk_out), "--work", str(walk_work), "--mask-token-id", "95",
+                        "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4", "--batch-size", "8",
+                        "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1", "--steps", "20",
+                        "--walk-anchors", "0.5", "--init-from", str(out)]) == 0
+    report = json.loads((walk_out / "training_report.json").read_text())
+    assert report["steps"] == 20 and report["recipe"]["walk_anchors"] == 0.5
+
+
+def test_walk_anchors_outside_zero_to_one_are_refused(trained, capsys):
+    target, out, work = trained
+    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
+                 "--walk-anchors", "1.5"])
+    assert code == 2
+    assert "--walk-anchors must be between 0 and 1" in capsys.readouterr().err
 
 
 def test_a_drafter_grown_by_a_layer_starts_as_the_one_it_grew_from(trained):

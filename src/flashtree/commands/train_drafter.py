@@ -19,9 +19,14 @@ def add_arguments(p) -> None:
     p.add_argument("--num-sequences", type=int, default=d.num_sequences, help="target-regenerated sequences")
     p.add_argument("--response-tokens", type=int, default=d.response_tokens)
     p.add_argument("--anchors", type=int, default=d.anchors, help="blocks per sequence")
+    p.add_argument("--walk-anchors", type=float, default=d.walk_anchors,
+                   help="share of each sequence's blocks opened where a greedy round from a uniform one would open "
+                        "next (after the drafter's own miss: where an engine's rounds land), 0 to 1")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--gamma", type=float, default=d.gamma,
+                   help="loss decay over block slots, weight exp(-(k-1)/gamma) (default: 7 / 5 / 4 for block 16 / 10 / 8)")
     p.add_argument("--no-warm-start", action="store_true", help="random init instead of the target's last layers")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     p.add_argument("--init-from", default=None,
@@ -47,11 +52,16 @@ def run(args) -> int:
     for name in ("block_size", "layers", "num_sequences", "anchors", "batch_size", "steps", "response_tokens"):
         if getattr(args, name) < (2 if name == "block_size" else 1):
             raise UserError(f"--{name.replace('_', '-')} must be >= {2 if name == 'block_size' else 1}")
+    if not 0 <= args.walk_anchors <= 1:
+        raise UserError(f"--walk-anchors must be between 0 and 1, got {args.walk_anchors}")
+    if args.gamma is not None and not args.gamma > 0:
+        raise UserError(f"--gamma must be > 0 (a slot's loss weight is exp(-(k-1)/gamma)), got {args.gamma}")
     ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     recipe = DrafterRecipe(block_size=args.block_size, num_layers=args.layers, target_layer_ids=ids,
                            mask_token_id=args.mask_token_id, num_sequences=args.num_sequences,
                            response_tokens=args.response_tokens, anchors=args.anchors,
-                           batch_size=args.batch_size, steps=args.steps, lr=args.lr,
+                           walk_anchors=args.walk_anchors,
+                           batch_size=args.batch_size, steps=args.steps, lr=args.lr, gamma=args.gamma,
                            warm_start=not args.no_warm_start, seed=args.seed, target_dtype=args.target_dtype,
                            eval_every=args.eval_every, data=args.data)
     out = Path(args.out)

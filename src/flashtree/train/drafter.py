@@ -47,6 +47,7 @@ class DrafterRecipe:
     response_tokens: int = 128
     sampled_fraction: float = 0.3               # share of responses sampled (half at T=0.6, half T=1 for chats)
     anchors: int = 16                           # blocks per sequence
+    walk_anchors: float = 0.0                   # share of them moved to where a round from them opens next
     batch_size: int = 8
     steps: int = 1500
     lr: float = 1e-3
@@ -168,16 +169,22 @@ def regenerate(target, tokenizer: Tokenizer, corpus: np.ndarray, recipe: Drafter
     bar.close()
 
 
-def block_batch(rows: list[dict], recipe: DrafterRecipe, mask_id: int, rng: np.random.Generator):
-    """Pad sequences and draw anchors. Returns tensors for one training step."""
-    B, A = recipe.block_size, recipe.anchors
+def draw_anchors(rows: list[dict], recipe: DrafterRecipe, rng: np.random.Generator) -> torch.Tensor:
+    """recipe.anchors uniform block openings per row, each block inside the response. [N, A]"""
+    anchors = torch.zeros(len(rows), recipe.anchors, dtype=torch.long)
+    for i, r in enumerate(rows):
+        lo, hi = max(r["prompt_len"] - 1, 1), len(r["ids"]) - recipe.block_size
+        anchors[i] = torch.from_numpy(rng.integers(lo, hi + 1, recipe.anchors))
+    return anchors
+
+
+def block_batch(rows: list[dict], recipe: DrafterRecipe, mask_id: int, anchors: torch.Tensor):
+    """Pad sequences and open a block at each of `anchors` [N, A]. Returns tensors for one training step."""
+    B, A = recipe.block_size, anchors.shape[1]
     T = max(len(r["ids"]) for r in rows)
     ids = torch.zeros(len(rows), T, dtype=torch.long)
-    anchors = torch.zeros(len(rows), A, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r["ids"])] = torch.tensor(r["ids"])
-        lo, hi = max(r["prompt_len"] - 1, 1), len(r["ids"]) - B  # blocks stay inside the response
-        anchors[i] = torch.from_numpy(rng.integers(lo, hi + 1, A))
     k = torch.arange(B)
     block_pos = (anchors[:, :, None] + k).flatten(1)                            # [N, A*B]
     block_ids = torch.full_like(block_pos, mask_id)
@@ -189,6 +196,36 @@ def block_batch(rows: list[dict], recipe: DrafterRecipe, mask_id: int, rng: np.r
     blk_vis = (blk[:, None] == blk[None, :]).expand(len(rows), -1, -1)
     mask = torch.cat([ctx_vis, blk_vis], dim=-1)[:, None]
     return ids, block_ids, block_pos, labels, mask
+
+
+def block_logits(drafter: DFlashDrafter, target, head: torch.Tensor, feats: torch.Tensor, batch: tuple,
+                 mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's logits at every drafted slot of `batch` (block_batch's tensors) and their
+    labels: ([N, A*(B-1), V], [N, A*(B-1)]); slot 0 of a block is the known token, with no loss."""
+    ids, block_ids, block_pos, labels, mask = batch
+    with torch.no_grad():
+        embeds = target.model.embed_tokens(block_ids).float()
+    drafted = torch.ones(block_pos.shape[1], dtype=torch.bool)
+    drafted[::drafter.config.block_size] = False
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        hidden = drafter(embeds, block_pos, feats, torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
+        logits = F.linear(hidden[:, drafted], head)
+    return logits, labels[:, drafted]
+
+
+@torch.no_grad()
+def walk_successors(drafter: DFlashDrafter, target, head: torch.Tensor, rows: list[dict], anchors: torch.Tensor,
+                    feats: torch.Tensor, recipe: DrafterRecipe, mask_id: int, mixed: bool) -> torch.Tensor:
+    """Where the next round opens after a greedy chain round at each of `anchors` [N, A]: anchor +
+    τ, τ = 1 + the run of slots whose drafter argmax is the row's token (`chain_taus`' rule), kept
+    inside the response. An engine's rounds open there — after the drafter's own miss, or a full
+    block — more often than at a uniform position, and its first slot is hardest there."""
+    B = recipe.block_size
+    logits, labels = block_logits(drafter, target, head, feats, block_batch(rows, recipe, mask_id, anchors), mixed)
+    hit = (logits.argmax(-1) == labels).view(len(rows), anchors.shape[1], B - 1)
+    tau = 1 + hit.int().cumprod(-1).sum(-1)                                    # [N, A]
+    last = torch.tensor([len(r["ids"]) - B for r in rows])[:, None]
+    return torch.minimum(anchors + tau, last)
 
 
 def usable(rows: list[dict], block_size: int) -> list[dict]:
@@ -365,7 +402,8 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     gamma = recipe.gamma or gamma_for(recipe.block_size)
     B = recipe.block_size
     weights = torch.exp(-(torch.arange(1, B) - 1) / gamma)                     # slots 1..B-1
-    slot_w = torch.cat([torch.zeros(1), weights]).repeat(recipe.anchors)       # [A*B], slot 0 unused
+    slot_w = weights.repeat(recipe.anchors)                                     # [A*(B-1)]: the drafted slots
+    walked = round(recipe.walk_anchors * recipe.anchors)                        # of each row's A anchors
     warmup = max(1, int(recipe.warmup_frac * recipe.steps))
     rng = np.random.default_rng(recipe.seed + state.step)
     bar = tqdm(total=recipe.steps, initial=state.step, desc="train-drafter", dynamic_ncols=True)
@@ -373,7 +411,6 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     layers_tag = "-".join(map(str, recipe.target_layer_ids))
     store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin")
     head = target.lm_head.weight.float()  # the frozen head in the drafter's float32 (a copy for bf16 targets)
-    scored = slot_w > 0                                                          # [A*B]: the slots with a loss
     # a target served in bf16 (a CPU with bf16 products) trains its drafter in mixed precision:
     # float32 weights and optimiser, bf16 products (a step 1.4 s -> 0.9 s for SmolLM2, 2 cores)
     mixed = next(target.parameters()).dtype == torch.bfloat16
@@ -381,15 +418,15 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     while state.step < recipe.steps:
         index = rng.integers(0, len(rows), recipe.batch_size).tolist()
         batch = [rows[i] for i in index]
-        ids, block_ids, block_pos, labels, mask = block_batch(batch, recipe, mask_id, rng)
-        feats = store.batch(index, ids.shape[1])                                # [N, T, F]
-        with torch.no_grad():
-            embeds = target.model.embed_tokens(block_ids).float()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-            hidden = drafter(embeds, block_pos, feats, torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
-            logits = F.linear(hidden[:, scored], head)                          # [N, A*(B-1), V]: slot 0 has no loss
-        ce = F.cross_entropy(logits.float().flatten(0, 1), labels[:, scored].flatten(), reduction="none")
-        loss = (ce.view(len(batch), -1) * slot_w[scored]).sum() / (slot_w.sum() * len(batch))
+        anchors = draw_anchors(batch, recipe, rng)                              # [N, A]
+        feats = store.batch(index, max(len(r["ids"]) for r in batch))           # [N, T, F]
+        if walked:  # the first `walked` anchors move to where a round from them would open next
+            anchors[:, :walked] = walk_successors(drafter, target, head, batch, anchors[:, :walked], feats,
+                                                  recipe, mask_id, mixed)
+        logits, labels = block_logits(drafter, target, head, feats, block_batch(batch, recipe, mask_id, anchors),
+                                      mixed)                                    # [N, A*(B-1), V], [N, A*(B-1)]
+        ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+        loss = (ce.view(len(batch), -1) * slot_w).sum() / (slot_w.sum() * len(batch))
         for g in opt.param_groups:
             g["lr"] = warmup_cosine(state.step, recipe.steps, recipe.lr, warmup)
         opt.zero_grad(set_to_none=True)
@@ -398,8 +435,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         opt.step()
         state.step += 1
         with torch.no_grad():
-            acc = (logits.argmax(-1) == labels[:, scored]).float().view(len(batch), recipe.anchors, B - 1)[:, :, 0]\
-                .mean().item()
+            acc = (logits.argmax(-1) == labels).float().view(len(batch), recipe.anchors, B - 1)[:, :, 0].mean().item()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}")
         checkpoint = state.step % recipe.eval_every == 0
