@@ -124,11 +124,11 @@ def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_
     assert ("target", []) in built()  # batched verifies (B>1 x T>1) ran through a graph compiled on first use
 
 
-def test_precompile_all_compiles_the_batch_graphs_in_a_helper_process(tiny_pair, cache, caplog):
-    """LLM(precompile="all") on an empty cache: this process compiles the three one-sequence
-    graphs while a helper process compiles the three batch graphs into the same cache, under the
-    same keys, so this process loads them (compiles none of them) and holds all six; output
-    through them equals plain decoding's. On a warm cache no helper starts."""
+def test_precompile_all_compiles_half_of_the_graphs_in_a_helper_process(tiny_pair, cache, caplog):
+    """LLM(precompile="all") on an empty cache: this process compiles its share of the six graphs
+    (compile_helper.split) while a helper process compiles the other three into the same cache,
+    under the same keys, so this process loads them (compiles none of them) and holds all six;
+    output through them equals plain decoding's. On a warm cache no helper starts."""
     import logging
 
     from flashtree import LLM, SamplingParams
@@ -141,8 +141,11 @@ def test_precompile_all_compiles_the_batch_graphs_in_a_helper_process(tiny_pair,
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("compiling 3 graphs in a helper process") for m in messages), messages
     assert any(m.startswith("compiled 6 graphs") and m.endswith("(3 in a helper process)") for m in messages)
-    compiled_here = [m for m in messages if m.startswith("compiling the ")]  # (the helper logs to itself)
-    assert len(compiled_here) == 3 and all("B=1" in m for m in compiled_here), compiled_here
+    compiled_here = sorted(m for m in messages if m.startswith("compiling the "))  # (the helper logs to itself)
+    assert compiled_here == [  # split's share: the one-token graphs of both batch sizes, the one-sequence drafter
+        "compiling the drafter graph for B=1 with AOTInductor",
+        "compiling the target graph for B=1, R=1, T=1 with AOTInductor",
+        "compiling the target graph for T=1 with AOTInductor"], compiled_here
     assert len(llm.engine.runner.built_graphs()) == 6 and len(list(cache.glob("*.pt2"))) == 6
     prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
@@ -152,6 +155,52 @@ def test_precompile_all_compiles_the_batch_graphs_in_a_helper_process(tiny_pair,
         again = LLM(*tiny_pair, method="dflash", compile=True, precompile="all", max_batch_size=4)
     assert not any("helper" in r.getMessage() for r in caplog.records)
     assert len(again.engine.runner.built_graphs()) == 6
+
+
+def test_the_helper_never_runs_the_users_script_again(tiny_pair, cache, tmp_path):
+    """A user's script with no `if __name__ == "__main__":` guard, loading with the default
+    precompile ("single"): a helper compiles one of its two graphs, and the script's body runs once
+    (a multiprocessing spawn would import the script again in the helper and run it there too)."""
+    import os
+    import subprocess
+    import sys
+
+    from flashtree.engine import compile_helper
+    if compile_helper.cores() < 2:
+        pytest.skip("one core: no helper starts")
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import logging\n"
+        "from flashtree import LLM\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "print('the script body runs', flush=True)\n"
+        f"llm = LLM({str(tiny_pair[0])!r}, method='ar', compile=True)\n"
+        "print('graphs', len(llm.engine.runner.built_graphs()), flush=True)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                         env=os.environ | {"FLASHTREE_CACHE_DIR": str(cache.parent)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("the script body runs") == 1, run.stdout
+    assert "graphs 2" in run.stdout
+    assert "compiling 1 graphs in a helper process" in run.stderr
+    assert "compiled 2 graphs" in run.stderr and "(1 in a helper process)" in run.stderr
+    assert run.stderr.count("compiling the target graph") == 1  # the other one is the helper's
+
+
+def test_the_helper_gets_the_graphs_that_balance_the_two_processes():
+    """split: longest first, each to whichever process has less work, the loader taking the first
+    graph and ties (the helper starts later); a target graph weighs three drafter graphs."""
+    from flashtree.engine.compile_helper import split
+    one = [("target", 1, 1), ("target", 1, 17), ("drafter", 1, 8)]  # precompile="single"
+    assert split(one) == ([("target", 1, 1), ("drafter", 1, 8)], [("target", 1, 17)])
+    every = [("target", 1, 1), ("target", 1, 17), ("target", 3, 1), ("target", 3, 17), ("drafter", 1, 8),
+             ("drafter", 3, 8)]
+    mine, theirs = split(every)
+    assert mine == [("target", 1, 1), ("target", 3, 1), ("drafter", 1, 8)]
+    assert theirs == [("target", 1, 17), ("target", 3, 17), ("drafter", 3, 8)]
+    assert split([("target", 1, 1)]) == ([("target", 1, 1)], [])  # nothing to hand over: no helper
+    assert split([]) == ([], [])
+    assert split([("drafter", 1, 8), ("drafter", 3, 8), ("target", 1, 1)]) == (
+        [("target", 1, 1)], [("drafter", 1, 8), ("drafter", 3, 8)])
 
 
 def test_no_compile_helper_with_the_switch_off_or_on_one_core(monkeypatch):

@@ -108,7 +108,7 @@ class LLM:
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
         helper = None
-        if self.precompile == "all" and self._ranks is None:  # the batch graphs compile beside the others
+        if self._ranks is None:  # about half of the graphs compile in a helper process meanwhile
             helper = compile_helper.start(compile_helper.Rebuild(
                 str(self.model_path), str(self.draft_path) if self.draft_path else None,
                 str(self.engine.dtype).removeprefix("torch."), config, torch.get_num_threads()))

@@ -15,8 +15,8 @@ SWITCHES = {
     "FLASHTREE_CACHE_DIR": "where converted GGUFs and compiled graphs are kept "
                            "(default $XDG_CACHE_HOME/flashtree, else ~/.cache/flashtree)",
     "FLASHTREE_COMPILE": "off: compile='auto' runs eager PyTorch",
-    "FLASHTREE_COMPILE_HELPER": "off: a load that compiles every graph (precompile 'all') compiles them all "
-                                "in its own process, without a helper process for the batch graphs",
+    "FLASHTREE_COMPILE_HELPER": "off: a load compiles all of its graphs in its own process, without a "
+                                "helper process compiling about half of them beside it",
     "FLASHTREE_DTYPE": "a dtype name: what dtype='auto' means",
     "FLASHTREE_CPU_KERNEL": "off: projections through torch instead of flashtree's CPU kernel",
     "FLASHTREE_AMX": "off: bf16 projections take vdpbf16ps dot products on a CPU with AMX tiles",

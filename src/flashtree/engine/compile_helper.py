@@ -1,22 +1,26 @@
 """A helper process that compiles some of a load's AOT graphs while the loading process compiles the others.
 
 Compiling one AOTInductor package (aot_graphs.py) is mostly single-threaded work — export,
-inductor's lowering, one C++ compile — so on a CPU with two or more cores a load that builds
-every graph (`precompile="all"`: serve, bench) hands the graphs it does not need for one
-sequence to a helper: a fresh process (spawned, not forked: torch's thread pools do not survive a
-fork) that loads the same weights in the same dtype, builds an engine with the same config and so
-the same graph keys, compiles its buckets into the package cache and exits. The loading process
-then loads them from the cache. A helper that fails costs nothing but time: whatever it left
-uncompiled, the loading process compiles itself.
+inductor's lowering, one C++ compile — so on a CPU with two or more cores a load hands about half
+of the graphs it has to compile (`split`) to a helper: a fresh interpreter (`python -m
+flashtree.engine.compile_helper`, never a fork, whose torch thread pools would not survive, nor a
+multiprocessing spawn, which re-runs the user's `__main__` script when it has no main guard) that
+loads the same weights in the same dtype, builds an engine with the same config and so the same
+graph keys, compiles its buckets into the package cache and exits. The loading process then loads
+them from the cache. A helper that fails costs nothing but time: whatever it left uncompiled, the
+loading process compiles itself.
 
 It does not choose buckets (Engine.warmup does) and holds no engine of the loading process.
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import switches
 from .engine_config import EngineConfig
@@ -24,6 +28,10 @@ from .engine_config import EngineConfig
 log = logging.getLogger("flashtree.engine")
 
 Bucket = tuple[str, int, int]  # (model, batch, tokens per sequence), as ModelRunner.buckets
+
+# What compiling one graph costs, in drafter graphs: a target graph (every target layer) takes about
+# three times a drafter graph (two layers) — 33–40 s against 11–13 s for SmolLM2-135M on 2 cores.
+COST = {"target": 3, "drafter": 1}
 
 
 @dataclass(frozen=True)
@@ -43,21 +51,41 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def split(buckets: list[Bucket]) -> tuple[list[Bucket], list[Bucket]]:
+    """(the loader's share, the helper's share) of the graphs to compile, so that both finish
+    together. Rule: longest first (COST), each to whichever has less work so far; the loader takes
+    the first graph and every tie, since the helper starts later (an interpreter and a weight load)."""
+    mine: list[Bucket] = []
+    theirs: list[Bucket] = []
+    load = [0, 0]  # the loader's, the helper's
+    for b in sorted(buckets, key=lambda b: -COST[b[0]]):  # stable: the caller's order among equals
+        side = 0 if not mine or load[0] <= load[1] else 1
+        (mine, theirs)[side].append(b)
+        load[side] += COST[b[0]]
+    return mine, theirs
+
+
 class Helper:
     """One helper process compiling `buckets`; `wait()` joins it."""
 
     def __init__(self, rebuild: Rebuild, buckets: list[Bucket]):
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=_compile, args=(rebuild, buckets), name="flashtree-compile-helper", daemon=True)
-        self.process.start()
+        package_root = str(Path(__file__).resolve().parents[2])  # where `flashtree` imports from here
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen([sys.executable, "-m", "flashtree.engine.compile_helper"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        try:
+            self.process.stdin.write(pickle.dumps((rebuild, buckets)))
+            self.process.stdin.close()
+        except OSError:  # it died at once: wait() reports its exit status
+            pass
         log.info("compiling %d graphs in a helper process (pid %d)", len(buckets), self.process.pid)
 
     def wait(self) -> None:
         """Join the helper (what it left uncompiled, the loader's warmup compiles)."""
-        self.process.join()
-        if self.process.exitcode != 0:
-            log.warning("the compile helper exited with %s; its graphs compile in this process",
-                        self.process.exitcode)
+        code = self.process.wait()
+        if code != 0:
+            log.warning("the compile helper exited with %s; its graphs compile in this process", code)
 
 
 def start(rebuild: Rebuild):
@@ -69,7 +97,7 @@ def start(rebuild: Rebuild):
     def begin(buckets: list[Bucket]) -> Helper | None:
         try:
             return Helper(rebuild, buckets)
-        except Exception:  # noqa: BLE001 -- no helper (a __main__ spawn cannot import, say): compile here
+        except Exception:  # noqa: BLE001 -- no helper (no interpreter to start, say): compile here
             log.warning("no compile helper could start; every graph compiles in this process", exc_info=True)
             return None
     return begin
@@ -85,3 +113,7 @@ def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
     target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu").fuse()
     drafter = load_drafter(rebuild.draft, target).fuse() if rebuild.draft else None
     Engine(target, drafter, rebuild.config).runner.warmup(buckets)
+
+
+if __name__ == "__main__":
+    _compile(*pickle.loads(sys.stdin.buffer.read()))

@@ -30,6 +30,7 @@ from ..speculative.limits import AUTO, RequestLimits
 from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, ProposerContext, proposer_class, takers
 from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput
+from . import compile_helper
 from .block_manager import BlockManager
 from .engine_config import DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
 from .cost_seeding import CostSeeder
@@ -149,8 +150,9 @@ class Engine:
     def warmup(self, progress: bool = False, batched: bool = True, helper=None) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes: all of them,
         or (batched=False) the ones a single sequence runs; a graph not compiled here compiles the
-        first time a step needs it. `helper` (compile_helper.start): the batch graphs not cached
-        yet compile in a helper process meanwhile, and load from the cache after."""
+        first time a step needs it. `helper` (compile_helper.start): the graphs found on disk load
+        now, and a helper process compiles about half of the others (compile_helper.split)
+        meanwhile; they load from the cache after."""
         if not self.runner.compiled:
             return
         lim = self.limits
@@ -159,18 +161,17 @@ class Engine:
         self.batch_graphs_built = batched or not self.runner.aot
         batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
-        own = self.runner.buckets(1, tokens, lim.default_block_size)
-        rest = [b for b in buckets if b not in own]
-        if helper is not None:  # the batch graphs on disk load now; the others are the helper's
-            rest = self.runner.uncached(rest)
-        running = helper(rest) if helper is not None and rest else None
-        secs = self.runner.warmup(own if running is not None else own + rest, progress)
+        mine, theirs = buckets, []
+        if helper is not None and self.runner.aot:  # only AOT packages are shared through the disk
+            mine, theirs = compile_helper.split(self.runner.uncached(buckets))
+        running = helper(theirs) if theirs else None
+        secs = self.runner.warmup(mine if running is not None else mine + theirs, progress)
         if running is not None:
             running.wait()
-            secs += self.runner.warmup(rest, progress)
+            secs += self.runner.warmup(theirs, progress)
         log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
                  ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
-                 secs, f" ({len(rest)} in a helper process)" if running is not None else "")
+                 secs, f" ({len(theirs)} in a helper process)" if running is not None else "")
 
     @property
     def waiting(self) -> deque[Sequence]:
