@@ -186,6 +186,23 @@ def test_the_helper_never_runs_the_users_script_again(tiny_pair, cache, tmp_path
     assert run.stderr.count("compiling the target graph") == 1  # the other one is the helper's
 
 
+def test_a_stopped_helper_ends_at_once(tiny_pair, cache):
+    """Helper.stop (the loader's warmup failed or was interrupted) kills the helper mid-compile:
+    it does not run on, compiling for a load that no longer exists."""
+    import time
+
+    from flashtree.engine import compile_helper
+    from flashtree.engine.engine_config import EngineConfig
+    rebuild = compile_helper.Rebuild(str(tiny_pair[0]), None, "float32", EngineConfig(method="ar"), 1)
+    helper = compile_helper.Helper(rebuild, [("target", 1, 1), ("target", 1, 9)])
+    time.sleep(1)
+    t0 = time.perf_counter()
+    helper.stop()
+    assert time.perf_counter() - t0 < 5
+    assert helper.process.returncode is not None and helper.process.returncode < 0  # killed, not finished
+    assert not list(cache.glob("*.pt2"))
+
+
 def test_the_helper_gets_the_graphs_that_balance_the_two_processes():
     """split: longest first, each to whichever process has less work, the loader taking the first
     graph and ties (the helper starts later); a target graph weighs three drafter graphs."""

@@ -87,6 +87,11 @@ class Helper:
         if code != 0:
             log.warning("the compile helper exited with %s; its graphs compile in this process", code)
 
+    def stop(self) -> None:
+        """End the helper now: the load it works for failed or was interrupted (Ctrl-C)."""
+        self.process.kill()
+        self.process.wait()
+
 
 def start(rebuild: Rebuild):
     """A starter for Engine.warmup: hands buckets to a new helper (None if it cannot start); no

@@ -165,7 +165,12 @@ class Engine:
         if helper is not None and self.runner.aot:  # only AOT packages are shared through the disk
             mine, theirs = compile_helper.split(self.runner.uncached(buckets))
         running = helper(theirs) if theirs else None
-        secs = self.runner.warmup(mine if running is not None else mine + theirs, progress)
+        try:
+            secs = self.runner.warmup(mine if running is not None else mine + theirs, progress)
+        except BaseException:  # a failed or interrupted load leaves no helper compiling behind it
+            if running is not None:
+                running.stop()
+            raise
         if running is not None:
             running.wait()
             secs += self.runner.warmup(theirs, progress)
