@@ -264,3 +264,89 @@ def test_a_drafter_moved_to_more_feature_layers_keeps_its_fused_input(trained):
         want, got = old.fc(before), moved.fc(new)
     assert (got - want).norm() / want.norm() < 1e-2
     assert torch.equal(moved.layers[0].mlp.down_proj.weight, old.layers[0].mlp.down_proj.weight)
+
+
+def test_feature_store_keeps_the_targets_top_k_next_tokens(tiny_pair, tmp_path):
+    """With topk the store also holds, at every position, the target's K likeliest next tokens and
+    their log-probabilities — as the target's own logits give them for the unpadded row — and a
+    larger data set keeps them for the built rows."""
+    from flashtree.models.loader import load_target
+    from flashtree.train.features import FeatureStore
+    target = load_target(tiny_pair[0], dtype="float32", device="cpu")
+    rng = np.random.default_rng(2)
+    rows = [{"ids": rng.integers(1, 95, int(n)).tolist()} for n in rng.integers(5, 40, 7)]
+    path = tmp_path / "features.bin"
+
+    def top(row, k=4):
+        ids = torch.tensor([row["ids"]])
+        hidden, _ = target(ids, torch.arange(ids.shape[1])[None])
+        return torch.log_softmax(target.logits(hidden)[0].float(), -1).topk(k, -1)
+
+    plain = FeatureStore.build(target, rows, [0, 2], path, batch_tokens=64)
+    with pytest.raises(ValueError, match="without topk"):
+        plain.teacher([0], 40)
+    store = FeatureStore.build(target, rows, [0, 2], path, batch_tokens=64, topk=4)  # rebuilt with top-k
+    for i, r in enumerate(rows):
+        ids, probs = store.teacher([i], 45)
+        n, want = len(r["ids"]), top(r)
+        assert torch.equal(ids[0, :n], want.indices)
+        torch.testing.assert_close(probs[0, :n], torch.softmax(want.values, -1), atol=1e-5, rtol=1e-5)
+        assert probs[0, n:].abs().max() == 0 and ids[0, n:].abs().max() == 0  # padding
+        assert (probs[0, :n, 0] >= probs[0, :n, 1]).all()                     # likeliest first
+    more = rows + [{"ids": rng.integers(1, 95, 12).tolist()}]
+    grown = FeatureStore.build(target, more, [0, 2], path, batch_tokens=64, topk=4)
+    assert torch.equal(grown.teacher([7], 12)[0][0], top(more[7]).indices)
+    assert torch.equal(grown.teacher([2], len(rows[2]["ids"]))[0][0], top(rows[2]).indices)
+
+
+def test_soft_labels_read_the_distribution_that_predicts_each_slot():
+    """Slot k of a block at anchor a is token a+k, which the target's hidden state at a+k-1
+    predicts: `soft_labels` reads the teacher there; with a one-hot teacher on the row's own tokens
+    `slot_losses` is the hard cross-entropy, and with a spread teacher it is not."""
+    from flashtree.train.drafter import DrafterRecipe, block_batch, slot_losses, soft_labels
+    rows = [{"ids": list(range(10, 30)), "prompt_len": 3}, {"ids": list(range(40, 56)), "prompt_len": 2}]
+    recipe = DrafterRecipe(block_size=4, anchors=2)
+    anchors = torch.tensor([[2, 9], [5, 11]])
+    batch = block_batch(rows, recipe, mask_id=99, anchors=anchors)
+    ids, block_pos, labels = batch[0], batch[2], batch[3]
+    T, K = ids.shape[1], 3
+    # teacher at position p: its first choice is the row's token at p+1 (what follows), then p+1000, p+2000
+    pos = torch.arange(T)[None, :, None].expand(2, T, K)
+    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1)[:, :, None]
+    t_ids = torch.cat([nxt, (pos + 1000)[:, :, 1:]], -1)
+    t_ids[:, :, 2] = pos[:, :, 0] + 2000
+    one_hot = torch.tensor([1.0, 0.0, 0.0]).expand(2, T, K)
+    got_ids, got_p = soft_labels((t_ids, one_hot), block_pos, 4)
+    drafted = labels[:, torch.arange(block_pos.shape[1]) % 4 != 0]            # [N, A*(B-1)]
+    assert got_ids.shape == (2, 6, K) and torch.equal(got_ids[:, :, 0], drafted)
+    assert torch.equal(got_ids[:, :, 1], block_pos[:, torch.arange(8) % 4 != 0] - 1 + 1000)
+    logits = torch.randn(2, 6, 3000)
+    hard = slot_losses(logits, drafted, None)
+    torch.testing.assert_close(slot_losses(logits, drafted, (got_ids, got_p)), hard)
+    spread = torch.tensor([0.5, 0.3, 0.2]).expand(2, 6, K)
+    assert (slot_losses(logits, drafted, (got_ids, spread)) - hard).abs().max() > 0.1
+
+
+def test_a_run_with_soft_labels_trains_and_records_them(trained):
+    target_dir, out, work = trained
+    soft_out, soft_work = work.parent / "soft", work.parent / "soft-work"
+    soft_work.mkdir()
+    for name in ("regenerated.jsonl", "corpus_tokens.npy"):  # the fixture's data, not made again
+        (soft_work / name).write_bytes((work / name).read_bytes())
+    assert main(["train-drafter", "--target", str(target_dir), "--out", str(soft_out), "--work", str(soft_work),
+                 "--mask-token-id", "95", "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4",
+                 "--batch-size", "8", "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1",
+                 "--steps", "20", "--distill-topk", "4", "--init-from", str(out)]) == 0
+    report = json.loads((soft_out / "training_report.json").read_text())
+    assert report["steps"] == 20 and report["recipe"]["distill_topk"] == 4
+    assert any(p.name.endswith(".topk-ids") for p in soft_work.iterdir())
+    log = [json.loads(line) for line in (soft_work / "drafter_log.jsonl").open()]
+    assert all(np.isfinite(r["loss"]) for r in log)
+
+
+def test_a_negative_distill_topk_is_refused(trained, capsys):
+    target, out, work = trained
+    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
+                 "--distill-topk", "-1"])
+    assert code == 2
+    assert "--distill-topk must be >= 0" in capsys.readouterr().err

@@ -27,6 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--gamma", type=float, default=d.gamma,
                    help="loss decay over block slots, weight exp(-(k-1)/gamma) (default: 7 / 5 / 4 for block 16 / 10 / 8)")
+    p.add_argument("--distill-topk", type=int, default=d.distill_topk,
+                   help="train against the target's own next-token distribution (its top K, renormalised) instead "
+                        "of the sampled token; 0 = the token (the features pass keeps the top K)")
     p.add_argument("--no-warm-start", action="store_true", help="random init instead of the target's last layers")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     p.add_argument("--init-from", default=None,
@@ -54,13 +57,15 @@ def run(args) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be >= {2 if name == 'block_size' else 1}")
     if not 0 <= args.walk_anchors <= 1:
         raise UserError(f"--walk-anchors must be between 0 and 1, got {args.walk_anchors}")
+    if args.distill_topk < 0:
+        raise UserError(f"--distill-topk must be >= 0 (0: the token is the label), got {args.distill_topk}")
     if args.gamma is not None and not args.gamma > 0:
         raise UserError(f"--gamma must be > 0 (a slot's loss weight is exp(-(k-1)/gamma)), got {args.gamma}")
     ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     recipe = DrafterRecipe(block_size=args.block_size, num_layers=args.layers, target_layer_ids=ids,
                            mask_token_id=args.mask_token_id, num_sequences=args.num_sequences,
                            response_tokens=args.response_tokens, anchors=args.anchors,
-                           walk_anchors=args.walk_anchors,
+                           walk_anchors=args.walk_anchors, distill_topk=args.distill_topk,
                            batch_size=args.batch_size, steps=args.steps, lr=args.lr, gamma=args.gamma,
                            warm_start=not args.no_warm_start, seed=args.seed, target_dtype=args.target_dtype,
                            eval_every=args.eval_every, data=args.data)

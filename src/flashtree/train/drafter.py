@@ -6,7 +6,8 @@ T = 0.6 and 1.0 (top-p 0.95), ending where the target ends them; otherwise conti
 stdlib corpus slices; per sequence a fixed number of random anchors, each opening a block
 [anchor token, MASK x (B-1)] at positions anchor..anchor+B-1; the block attends
 bidirectionally to itself and to target features strictly before its anchor; cross-entropy on
-slots k = 1..B-1 against token anchor+k, weighted exp(-(k-1)/gamma); the target's embedding and
+slots k = 1..B-1 against token anchor+k (or, with `distill_topk`, against the target's own
+distribution over it, its top K renormalised), weighted exp(-(k-1)/gamma); the target's embedding and
 LM head stay frozen; the target's features are computed once (`features.py`); AdamW + cosine with warmup; checkpoints and `--resume`; `--init-from` starts
 from a trained drafter with other feature layers. The result is saved in the z-lab DFlash format.
 Data generation uses flashtree's own engine (method ar).
@@ -53,6 +54,7 @@ class DrafterRecipe:
     lr: float = 1e-3
     warmup_frac: float = 0.04
     gamma: float | None = None                  # loss decay; None = 7 / 5 / 4 for B = 16 / 10 / 8
+    distill_topk: int = 0                       # > 0: soft labels, the target's top-k next-token probabilities
     seed: int = 0
     warm_start: bool = True                     # copy the target's last layers into the drafter
     target_dtype: str = "auto"                  # the target's features and data in the dtype it serves in
@@ -226,6 +228,29 @@ def walk_successors(drafter: DFlashDrafter, target, head: torch.Tensor, rows: li
     tau = 1 + hit.int().cumprod(-1).sum(-1)                                    # [N, A]
     last = torch.tensor([len(r["ids"]) - B for r in rows])[:, None]
     return torch.minimum(anchors + tau, last)
+
+
+def soft_labels(teacher: tuple[torch.Tensor, torch.Tensor], block_pos: torch.Tensor, block_size: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's distribution over each drafted slot's token (`FeatureStore.teacher`'s top-k
+    [N, T, K] ids and probabilities, read at position anchor+k-1, whose hidden state predicts
+    token anchor+k): ([N, S, K], [N, S, K]), S = A*(B-1) in `block_logits`' order."""
+    ids, probs = teacher
+    drafted = torch.ones(block_pos.shape[1], dtype=torch.bool)
+    drafted[::block_size] = False
+    at = (block_pos[:, drafted] - 1)[:, :, None].expand(-1, -1, ids.shape[2])  # [N, S, K]
+    return ids.gather(1, at), probs.gather(1, at)
+
+
+def slot_losses(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
+    """Each drafted slot's cross-entropy [N, S]: against its token, or with `soft` ([N, S, K] ids
+    and probabilities) against the target's distribution — the label a T=0 verify accepts
+    (its argmax) and, at T > 0, the distribution it accepts in proportion to, not one sample."""
+    if soft is None:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+    ids, probs = soft
+    return -(probs * F.log_softmax(logits.float(), dim=-1).gather(-1, ids)).sum(-1)
 
 
 def usable(rows: list[dict], block_size: int) -> list[dict]:
@@ -409,7 +434,8 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     bar = tqdm(total=recipe.steps, initial=state.step, desc="train-drafter", dynamic_ncols=True)
 
     layers_tag = "-".join(map(str, recipe.target_layer_ids))
-    store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin")
+    store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin",
+                               topk=recipe.distill_topk)
     head = target.lm_head.weight.float()  # the frozen head in the drafter's float32 (a copy for bf16 targets)
     # a target served in bf16 (a CPU with bf16 products) trains its drafter in mixed precision:
     # float32 weights and optimiser, bf16 products (a step 1.4 s -> 0.9 s for SmolLM2, 2 cores)
@@ -419,14 +445,16 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         index = rng.integers(0, len(rows), recipe.batch_size).tolist()
         batch = [rows[i] for i in index]
         anchors = draw_anchors(batch, recipe, rng)                              # [N, A]
-        feats = store.batch(index, max(len(r["ids"]) for r in batch))           # [N, T, F]
+        T = max(len(r["ids"]) for r in batch)
+        feats = store.batch(index, T)                                           # [N, T, F]
         if walked:  # the first `walked` anchors move to where a round from them would open next
             anchors[:, :walked] = walk_successors(drafter, target, head, batch, anchors[:, :walked], feats,
                                                   recipe, mask_id, mixed)
-        logits, labels = block_logits(drafter, target, head, feats, block_batch(batch, recipe, mask_id, anchors),
-                                      mixed)                                    # [N, A*(B-1), V], [N, A*(B-1)]
-        ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-        loss = (ce.view(len(batch), -1) * slot_w).sum() / (slot_w.sum() * len(batch))
+        blocks = block_batch(batch, recipe, mask_id, anchors)
+        logits, labels = block_logits(drafter, target, head, feats, blocks, mixed)  # [N, A*(B-1), V], [N, A*(B-1)]
+        soft = soft_labels(store.teacher(index, T), blocks[2], B) if recipe.distill_topk else None
+        ce = slot_losses(logits, labels, soft)                                  # [N, A*(B-1)]
+        loss = (ce * slot_w).sum() / (slot_w.sum() * len(batch))
         for g in opt.param_groups:
             g["lr"] = warmup_cosine(state.step, recipe.steps, recipe.lr, warmup)
         opt.zero_grad(set_to_none=True)
