@@ -4,8 +4,10 @@ From the Python standard library (corpus.py's split: held-out modules never trai
 documented function or class becomes requests a user would send a chat model — explain it,
 write it from its docstring, edit it, test it, summarise its documentation — and each module
 docstring a general question. `chat_prompts(split)` returns them shuffled, as OpenAI-style
-message lists; `write_heldout` writes the held-out set the benchmarks read. Nothing here runs a
-model or tokenises.
+message lists; asked for more training requests than the stdlib gives (`at_least`), it appends
+the same requests built from the installed packages' code (`corpus.package_files`), after the
+stdlib ones, so a larger data set keeps the smaller one as its prefix. `write_heldout` writes the
+held-out set the benchmarks read. Nothing here runs a model or tokenises.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from .corpus import read_source, stdlib_files, stdlib_root
+from .corpus import package_files, packages_root, read_source, stdlib_files, stdlib_root
 
 HELDOUT_CHATS = Path(__file__).resolve().parent.parent / "data" / "heldout_chats.jsonl"
 MAX_CODE_CHARS = 1200  # ~300 tokens: a quoted function stays a small part of the context
@@ -47,13 +49,13 @@ def _module_requests(module: str, doc: str) -> list[tuple[str, str]]:
     return out
 
 
-def _requests(path: Path) -> list[dict]:
+def _requests(path: Path, root: Path | None = None) -> list[dict]:
     src = read_source(path)
     try:
         tree = ast.parse(src)
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in a file
         return []
-    root = stdlib_root()
+    root = root or stdlib_root()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     module = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     found: list[tuple[str, str, str]] = []
@@ -75,11 +77,21 @@ def _requests(path: Path) -> list[dict]:
             for kind, text, where in found]
 
 
-def chat_prompts(split: str = "train", seed: int = 0) -> list[dict]:
-    """Every request from the train (or held-out) modules, shuffled: {id, kind, messages}."""
+def chat_prompts(split: str = "train", seed: int = 0, at_least: int = 0, packages: Path | None = None
+                 ) -> list[dict]:
+    """Every request from the train (or held-out) modules, shuffled: {id, kind, messages}. For the
+    train split, when that is fewer than `at_least`, then every request from the packages under
+    `packages` (default: site-packages), shuffled apart and appended; none repeats a held-out text."""
     train, held = stdlib_files()
     rows = [r for p in (train if split == "train" else held) if not _in_tests(p) for r in _requests(p)]
     random.Random(seed).shuffle(rows)
+    if split == "train" and len(rows) < at_least:
+        root = packages or packages_root()
+        held_texts = {r["messages"][0]["content"] for r in chat_prompts("heldout", seed)}
+        extra = [{**r, "id": f"packages/{r['id']}"} for p in package_files(root) for r in _requests(p, root)
+                 if r["messages"][0]["content"] not in held_texts]
+        random.Random(seed).shuffle(extra)
+        rows += extra
     return rows
 
 

@@ -51,6 +51,35 @@ def stdlib_files(root: Path | None = None) -> tuple[list[Path], list[Path]]:
     return train, held
 
 
+# Package folders that are not the package's own documented code, or that copy the stdlib (a
+# vendored module could carry a held-out one into training).
+SKIP_PACKAGE_DIRS = {"tests", "test", "testing", "_vendor", "vendor", "_vendored", "extern", "_distutils",
+                     "__pycache__"}
+SKIP_PACKAGES = {"pip", "setuptools", "pkg_resources", "_distutils_hack", "flashtree"}
+
+
+def packages_root() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def package_files(root: Path | None = None) -> list[Path]:
+    """The installed packages' .py files under `root` (the running interpreter's site-packages),
+    sorted, without their tests, vendored copies, installers or flashtree itself. What is found
+    depends on what is installed: the committed data, not this list, is what a run reproduces."""
+    root = root or packages_root()
+    out = []
+    for d, dirs, files in os.walk(root):
+        rel = Path(d).relative_to(root).parts
+        if rel and (rel[0] in SKIP_PACKAGES or rel[0].endswith((".dist-info", ".egg-info", ".data"))):
+            dirs[:] = []
+            continue
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_PACKAGE_DIRS)
+        if not rel:  # top-level modules: only those of packages, not .pth helpers
+            files = [f for f in files if not f.startswith("_")]
+        out += [Path(d) / f for f in sorted(files) if f.endswith(".py") and not f.startswith("test_")]
+    return out
+
+
 def read_source(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 

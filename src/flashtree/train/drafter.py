@@ -99,7 +99,7 @@ def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: P
     """Write `out` (JSONL of {ids, prompt_len, temperature}): the target's own answers to the
     train split's chat requests. Resumes after the rows already written."""
     from .chats import chat_prompts
-    prompts = chat_prompts("train", seed=recipe.seed)
+    prompts = chat_prompts("train", seed=recipe.seed, at_least=recipe.num_sequences)
     rng = random.Random(recipe.seed)
     plan = []  # (messages, temperature, seed) for every sequence, fixed by the seed: resume-safe
     for i in range(recipe.num_sequences):
