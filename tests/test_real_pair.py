@@ -3,15 +3,17 @@
 Greedy output of every method equals plain greedy decoding (method "ar") token for token, at
 C=1 and C=8, within a dtype; sampled output at T=0.6 and 1.0 (top-p 0.95) follows the target's
 exact next-token distribution at positions drafted and verified in trees (`position_check`),
-with drafts verified (tau > 1), and a verifier 10 % off in temperature is caught (sampled checks
-in float32: see `pair`). The default suite runs the C=8 float32 greedy check; the rest is marked
-slow (`make test-slow`)."""
+with drafts verified (tau > 1), and a verifier 10 % off in temperature is caught (these against
+the exact distribution in float32: see `pair`). In bfloat16 the sampled check is two-sample:
+speculative against plain sampling of the same engine (`compare_with_plain`), with its own
+negative control. The default suite runs the C=8 float32 greedy check; the rest is marked slow
+(`make test-slow`)."""
 from __future__ import annotations
 
 import pytest
 
 from flashtree import LLM, SamplingParams
-from flashtree.measure.exactness import position_check, wrong_temperature
+from flashtree.measure.exactness import compare_with_plain, position_check, wrong_temperature
 from flashtree.models.registry import MODELS
 
 REAL = MODELS["smollm2-135m-instruct"]
@@ -25,6 +27,7 @@ CHATS = ["Write a Python function that checks whether a number is prime.",
          "Summarise what a hash table is.",
          "Write a haiku about autumn.",
          "What does the `with` statement do in Python?"]
+N_BF16 = 1500   # runs per arm of the bf16 two-sample check
 METHODS = [("ngram", {}), ("dflash", {}), ("ddtree", {}), ("ddtree", {"budget": 8}), ("hybrid", {}), ("hybrid", {"budget": 8})]
 
 
@@ -87,3 +90,35 @@ def test_a_verifier_ten_percent_off_in_temperature_is_caught(pair):
     check = position_check(target, drafter, prompt, SamplingParams(temperature=1.0, top_p=0.95), "ddtree", 8,
                            n=1500, min_count=250, patch=wrong_temperature)
     assert check.rejected(), check
+
+
+def bf16_llm() -> tuple[LLM, list[int]]:
+    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", compile=False, method="ar", max_model_len=1024,
+              max_batch_size=64)
+    return llm, llm.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about the sea."}])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_bf16_sampled_output_is_distributed_as_plain_sampling(temperature):
+    """bfloat16, top-p 0.95: the first 3 answer tokens of dflash and ddtree@8 (runs generate 11, so
+    the counted tokens come out of verified drafts) against plain sampling, 1,500 runs each."""
+    llm, prompt = bf16_llm()
+    rows = compare_with_plain(llm, n=N_BF16, prompts=[prompt], n_tokens=3, temperatures=(temperature,), budget=8,
+                              top_p=0.95)
+    assert [r["method"] for r in rows] == ["dflash", "ddtree"]
+    for r in rows:
+        assert r["mean_accept_length"] > 1 and r["categories"] >= 10, r
+        assert r["passed"], r
+
+
+@pytest.mark.slow
+def test_the_bf16_check_catches_a_verifier_off_in_temperature():
+    """The same two-sample check with ddtree's verify drawing at T x 1.1 fails it (measured p 3.9e-5
+    against the 1e-3 threshold, x1.2 1e-14: near the check's power limit,
+    benchmarks/bf16_exactness_2026-12-05)."""
+    llm, prompt = bf16_llm()
+    rows = compare_with_plain(llm, n=N_BF16, prompts=[prompt], n_tokens=3, temperatures=(1.0,), budget=8,
+                              top_p=0.95, methods=("ddtree",), patch=wrong_temperature)
+    assert rows[0]["mean_accept_length"] > 1, rows
+    assert not rows[0]["passed"], rows

@@ -350,14 +350,53 @@ __all__ = ["tiny_pair", "exact_distribution", "sample_sequences", "target_drafts
            "PositionCheck", "position_check"]
 
 
-def compare_with_plain(llm, n: int = 3000, prompts: list[str] | None = None, n_tokens: int = 3,
-                       temperatures=(1.0,), budget: int = 16, max_tokens: int | None = None) -> list[dict]:
-    """Two-sample chi-square: speculative vs plain (ar) samples of the first n_tokens on a real pair.
-
-    Runs generate `max_tokens` (default n_tokens + the drafter's block size) so the counted tokens
-    come out of verified drafts (with max_tokens == n_tokens the depth limit leaves nothing to
-    verify); a speculative row passes only if p > P_MIN and its mean accept length is above 1."""
+def two_sample_p(a: Counter, b: Counter) -> float:
+    """Chi-square p-value that counts `a` and `b` come from one distribution; categories with fewer
+    than 10 counts in the two together are pooled into one."""
     from scipy.stats import chi2_contingency
+    keys = sorted(set(a) | set(b))
+    table = np.array([[a.get(k, 0) for k in keys], [b.get(k, 0) for k in keys]], dtype=float)
+    big = table.sum(0) >= 10
+    pooled = np.concatenate([table[:, big], table[:, ~big].sum(1, keepdims=True)], axis=1)
+    pooled = pooled[:, pooled.sum(0) > 0]
+    return float(chi2_contingency(pooled)[1]) if pooled.shape[1] > 1 else 1.0
+
+
+def two_sample_tests(plain: Counter, spec: Counter, n_tokens: int, min_count: int) -> list[dict]:
+    """Plain against speculative samples of n_tokens-tuples: the joint tuples, then at each
+    position k the next token after every k-token prefix that both samples hold at least
+    min_count times (a conditional concentrates on few tokens, so it sees what the sparse joint
+    table pools away)."""
+    tests = [{"position": "joint", "prefix": [], "count": sum(spec.values()), "p_value": two_sample_p(plain, spec)}]
+    for k in range(n_tokens):
+        def nexts(c: Counter) -> dict[tuple, Counter]:
+            out: dict[tuple, Counter] = {}
+            for seq, m in c.items():
+                out.setdefault(seq[:k], Counter())[seq[k]] += m
+            return out
+        a, b = nexts(plain), nexts(spec)
+        for prefix in sorted(set(a) & set(b)):
+            if min(sum(a[prefix].values()), sum(b[prefix].values())) >= min_count:
+                tests.append({"position": k, "prefix": list(prefix), "count": sum(b[prefix].values()),
+                              "p_value": two_sample_p(a[prefix], b[prefix])})
+    return tests
+
+
+def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens: int = 3,
+                       temperatures=(1.0,), budget: int = 16, max_tokens: int | None = None, top_p: float = 1.0,
+                       methods=("dflash", "ddtree"), patch=None, min_count: int = 100) -> list[dict]:
+    """Two-sample chi-square: speculative vs plain (ar) samples of the first n_tokens on a real pair
+    (`two_sample_tests`: the joint tuples and each well-populated conditional, Bonferroni).
+
+    It needs no reference forward, so it holds in any dtype: in bfloat16 an uncached reference
+    rounds differently from the engine's paged forward, and the two-sample test compares the
+    engine with itself (plain decoding is exact by definition). Prompts are strings or token id
+    lists. Runs generate `max_tokens` (default n_tokens + the drafter's block size) so the counted
+    tokens come out of verified drafts (with max_tokens == n_tokens the depth limit leaves nothing
+    to verify); a speculative row passes only if its Bonferroni p (the least p times the number of
+    tests) is above P_MIN and its mean accept length is above 1. `patch(engine)` (a negative
+    control) is applied after the plain samples, before the first speculative ones, and stays
+    applied."""
     prompts = prompts or ["def main(", "import os\n"]
     max_tokens = max_tokens if max_tokens is not None else n_tokens + llm.engine.drafter_block_size
     if max_tokens < n_tokens:
@@ -365,22 +404,21 @@ def compare_with_plain(llm, n: int = 3000, prompts: list[str] | None = None, n_t
     rows = []
     for prompt, T in itertools.product(prompts, temperatures):
         def counts(method, seed):
-            ps = [SamplingParams(temperature=T, max_tokens=max_tokens, seed=seed + i, ignore_eos=True)
+            ps = [SamplingParams(temperature=T, top_p=top_p, max_tokens=max_tokens, seed=seed + i, ignore_eos=True)
                   for i in range(n)]
             outs = llm.generate([prompt] * n, ps, use_tqdm=False, method=method,
                                 budget=budget if method == "ddtree" else None)
             taus = [t for o in outs for t in o.metrics.accept_lengths]
             return Counter(tuple(o.token_ids[:n_tokens]) for o in outs), sum(taus) / max(len(taus), 1)
         plain, _ = counts("ar", 0)
-        for method in ("dflash", "ddtree"):
+        if patch is not None:
+            patch(llm.engine)
+        for method in methods:
             spec, tau = counts(method, 10 ** 6)
-            keys = sorted(set(plain) | set(spec))
-            table = np.array([[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]], dtype=float)
-            big = table.sum(0) >= 10  # pool sparse categories
-            pooled = np.concatenate([table[:, big], table[:, ~big].sum(1, keepdims=True)], axis=1)
-            pooled = pooled[:, pooled.sum(0) > 0]
-            p = float(chi2_contingency(pooled)[1]) if pooled.shape[1] > 1 else 1.0
-            rows.append({"prompt": prompt, "temperature": T, "method": method, "n": n, "n_tokens": n_tokens,
-                         "max_tokens": max_tokens, "p_value": p, "categories": int(pooled.shape[1]),
-                         "mean_accept_length": tau, "passed": p > P_MIN and tau > 1})
+            tests = two_sample_tests(plain, spec, n_tokens, min_count)
+            p = min(1.0, min(t["p_value"] for t in tests) * len(tests))
+            rows.append({"prompt": prompt, "temperature": T, "top_p": top_p, "method": method, "n": n,
+                         "n_tokens": n_tokens, "max_tokens": max_tokens, "p_value": p, "tests": tests,
+                         "categories": len(set(plain) | set(spec)), "mean_accept_length": tau,
+                         "passed": p > P_MIN and tau > 1})
     return rows
