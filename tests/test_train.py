@@ -28,6 +28,28 @@ def trained(tiny_pair, tmp_path_factory):
     return target, out, work
 
 
+def short_run(trained, name: str, *flags: str) -> tuple:
+    """20 steps from the fixture's drafter on its data (copied, not made again) with `flags`:
+    (report, work dir)."""
+    target, out, work = trained
+    run_out, run_work = work.parent / name, work.parent / f"{name}-work"
+    run_work.mkdir()
+    for f in ("regenerated.jsonl", "corpus_tokens.npy"):
+        (run_work / f).write_bytes((work / f).read_bytes())
+    assert main(["train-drafter", "--target", str(target), "--out", str(run_out), "--work", str(run_work),
+                 "--mask-token-id", "95", "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4",
+                 "--batch-size", "8", "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1",
+                 "--steps", "20", "--init-from", str(out), *flags]) == 0
+    return json.loads((run_out / "training_report.json").read_text()), run_work
+
+
+def refusal(trained, capsys, *flags: str) -> str:
+    """What train-drafter says when it refuses `flags` (exit code 2)."""
+    target, out, work = trained
+    assert main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work), *flags]) == 2
+    return capsys.readouterr().err
+
+
 def test_resume_continues_from_the_checkpoint(trained):
     _, out, work = trained
     steps = [json.loads(line)["step"] for line in (work / "drafter_log.jsonl").open()]
@@ -49,10 +71,7 @@ def test_starting_over_on_a_checkpoint_is_refused(trained, capsys):
 
 
 def test_a_loss_decay_that_is_not_positive_is_refused(trained, capsys):
-    target, out, work = trained
-    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work), "--gamma", "0"])
-    assert code == 2
-    assert "--gamma must be > 0" in capsys.readouterr().err
+    assert "--gamma must be > 0" in refusal(trained, capsys, "--gamma", "0")
 
 
 def test_output_is_a_zlab_drafter_that_stays_lossless(trained):
@@ -191,25 +210,12 @@ def test_walk_anchors_open_where_the_next_round_would(trained):
             assert m == min(a + tau, len(r["ids"]) - B)
             taus.append(tau)
     assert len(set(taus)) > 1 and max(taus) > 1  # both hits and misses were walked
-    args = ["train-drafter", "--target", str(target_dir)]
-    walk_out, walk_work = work.parent / "walked", work.parent / "walked-work"
-    walk_work.mkdir()
-    for name in ("regenerated.jsonl", "corpus_tokens.npy"):  # the fixture's data, not made again
-        (walk_work / name).write_bytes((work / name).read_bytes())
-    assert main(args + ["--out", str(walk_out), "--work", str(walk_work), "--mask-token-id", "95",
-                        "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4", "--batch-size", "8",
-                        "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1", "--steps", "20",
-                        "--walk-anchors", "0.5", "--init-from", str(out)]) == 0
-    report = json.loads((walk_out / "training_report.json").read_text())
+    report, _ = short_run(trained, "walked", "--walk-anchors", "0.5")
     assert report["steps"] == 20 and report["recipe"]["walk_anchors"] == 0.5
 
 
 def test_walk_anchors_outside_zero_to_one_are_refused(trained, capsys):
-    target, out, work = trained
-    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
-                 "--walk-anchors", "1.5"])
-    assert code == 2
-    assert "--walk-anchors must be between 0 and 1" in capsys.readouterr().err
+    assert "--walk-anchors must be between 0 and 1" in refusal(trained, capsys, "--walk-anchors", "1.5")
 
 
 def test_a_drafter_grown_by_a_layer_starts_as_the_one_it_grew_from(trained):
@@ -328,16 +334,7 @@ def test_soft_labels_read_the_distribution_that_predicts_each_slot():
 
 
 def test_a_run_with_soft_labels_trains_and_records_them(trained):
-    target_dir, out, work = trained
-    soft_out, soft_work = work.parent / "soft", work.parent / "soft-work"
-    soft_work.mkdir()
-    for name in ("regenerated.jsonl", "corpus_tokens.npy"):  # the fixture's data, not made again
-        (soft_work / name).write_bytes((work / name).read_bytes())
-    assert main(["train-drafter", "--target", str(target_dir), "--out", str(soft_out), "--work", str(soft_work),
-                 "--mask-token-id", "95", "--num-sequences", "32", "--response-tokens", "24", "--anchors", "4",
-                 "--batch-size", "8", "--block-size", "4", "--target-layer-ids", "0,2", "--threads", "1",
-                 "--steps", "20", "--distill-topk", "4", "--init-from", str(out)]) == 0
-    report = json.loads((soft_out / "training_report.json").read_text())
+    report, soft_work = short_run(trained, "soft", "--distill-topk", "4")
     assert report["steps"] == 20 and report["recipe"]["distill_topk"] == 4
     assert any(p.name.endswith(".topk-ids") for p in soft_work.iterdir())
     log = [json.loads(line) for line in (soft_work / "drafter_log.jsonl").open()]
@@ -345,8 +342,4 @@ def test_a_run_with_soft_labels_trains_and_records_them(trained):
 
 
 def test_a_negative_distill_topk_is_refused(trained, capsys):
-    target, out, work = trained
-    code = main(["train-drafter", "--target", str(target), "--out", str(out), "--work", str(work),
-                 "--distill-topk", "-1"])
-    assert code == 2
-    assert "--distill-topk must be >= 0" in capsys.readouterr().err
+    assert "--distill-topk must be >= 0" in refusal(trained, capsys, "--distill-topk", "-1")

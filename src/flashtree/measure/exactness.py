@@ -288,6 +288,14 @@ class PositionCheck:
         return self.mean_accept_length > 1 and bool(self.tests) and self.min_p <= P_MIN / len(self.tests)
 
 
+def next_tokens(counts: Counter, k: int) -> dict[tuple, Counter]:
+    """Sampled tuples grouped by their first k tokens: {prefix: Counter of (token k,)}."""
+    out: dict[tuple, Counter] = {}
+    for seq, c in counts.items():
+        out.setdefault(seq[:k], Counter())[seq[k:k + 1]] += c
+    return out
+
+
 def position_check(target, drafter, prompt: list[int], params: SamplingParams, method: str,
                    budget: int | str | None, n: int, positions=(1, 2, 3), min_count: int = 300,
                    seed: int = 0, patch=None, batch: int = 64) -> PositionCheck:
@@ -299,10 +307,7 @@ def position_check(target, drafter, prompt: list[int], params: SamplingParams, m
     check = PositionCheck(f"{method}{'/' + str(budget) if budget else ''} T={params.temperature} "
                           f"top_p={params.top_p}", n, mean_accept_length=tau)
     for k in positions:
-        by_prefix: dict[tuple, Counter] = {}
-        for seq, c in counts.items():
-            by_prefix.setdefault(seq[:k], Counter())[seq[k:k + 1]] += c
-        for prefix, nxt in by_prefix.items():
+        for prefix, nxt in next_tokens(counts, k).items():
             m = sum(nxt.values())
             if m < min_count:
                 continue
@@ -369,12 +374,7 @@ def two_sample_tests(plain: Counter, spec: Counter, n_tokens: int, min_count: in
     table pools away)."""
     tests = [{"position": "joint", "prefix": [], "count": sum(spec.values()), "p_value": two_sample_p(plain, spec)}]
     for k in range(n_tokens):
-        def nexts(c: Counter) -> dict[tuple, Counter]:
-            out: dict[tuple, Counter] = {}
-            for seq, m in c.items():
-                out.setdefault(seq[:k], Counter())[seq[k]] += m
-            return out
-        a, b = nexts(plain), nexts(spec)
+        a, b = next_tokens(plain, k), next_tokens(spec, k)
         for prefix in sorted(set(a) & set(b)):
             if min(sum(a[prefix].values()), sum(b[prefix].values())) >= min_count:
                 tests.append({"position": k, "prefix": list(prefix), "count": sum(b[prefix].values()),

@@ -200,6 +200,14 @@ def block_batch(rows: list[dict], recipe: DrafterRecipe, mask_id: int, anchors: 
     return ids, block_ids, block_pos, labels, mask
 
 
+def drafted_slots(width: int, block_size: int) -> torch.Tensor:
+    """Which of a row's `width` = A*B block slots are drafted: all but each block's first, the known
+    token. [A*B] bool."""
+    drafted = torch.ones(width, dtype=torch.bool)
+    drafted[::block_size] = False
+    return drafted
+
+
 def block_logits(drafter: DFlashDrafter, target, head: torch.Tensor, feats: torch.Tensor, batch: tuple,
                  mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's logits at every drafted slot of `batch` (block_batch's tensors) and their
@@ -207,8 +215,7 @@ def block_logits(drafter: DFlashDrafter, target, head: torch.Tensor, feats: torc
     ids, block_ids, block_pos, labels, mask = batch
     with torch.no_grad():
         embeds = target.model.embed_tokens(block_ids).float()
-    drafted = torch.ones(block_pos.shape[1], dtype=torch.bool)
-    drafted[::drafter.config.block_size] = False
+    drafted = drafted_slots(block_pos.shape[1], drafter.config.block_size)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
         hidden = drafter(embeds, block_pos, feats, torch.arange(ids.shape[1]).expand_as(ids), mask=mask)
         logits = F.linear(hidden[:, drafted], head)
@@ -236,9 +243,8 @@ def soft_labels(teacher: tuple[torch.Tensor, torch.Tensor], block_pos: torch.Ten
     [N, T, K] ids and probabilities, read at position anchor+k-1, whose hidden state predicts
     token anchor+k): ([N, S, K], [N, S, K]), S = A*(B-1) in `block_logits`' order."""
     ids, probs = teacher
-    drafted = torch.ones(block_pos.shape[1], dtype=torch.bool)
-    drafted[::block_size] = False
-    at = (block_pos[:, drafted] - 1)[:, :, None].expand(-1, -1, ids.shape[2])  # [N, S, K]
+    before = block_pos[:, drafted_slots(block_pos.shape[1], block_size)] - 1    # [N, S]
+    at = before[:, :, None].expand(-1, -1, ids.shape[2])                       # [N, S, K]
     return ids.gather(1, at), probs.gather(1, at)
 
 
