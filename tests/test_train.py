@@ -303,6 +303,18 @@ def test_feature_store_keeps_the_targets_top_k_next_tokens(tiny_pair, tmp_path):
     grown = FeatureStore.build(target, more, [0, 2], path, batch_tokens=64, topk=4)
     assert torch.equal(grown.teacher([7], 12)[0][0], top(more[7]).indices)
     assert torch.equal(grown.teacher([2], len(rows[2]["ids"]))[0][0], top(rows[2]).indices)
+    # grown again without top-k: the built features are kept (marked here), the top-k dropped
+    meta = json.loads(path.with_suffix(".json").read_text())
+    data = np.memmap(path, dtype=np.float32, mode="r+", shape=(meta["tokens"], meta["width"]))
+    data[:grown.offsets[1]] = 7.0
+    data.flush()
+    most = more + [{"ids": rng.integers(1, 95, 9).tolist()}]
+    hard = FeatureStore.build(target, most, [0, 2], path, batch_tokens=64)
+    assert (hard.batch([0], len(rows[0]["ids"])) == 7.0).all()
+    assert not path.with_name(path.name + ".topk-ids").exists() and "topk" not in json.loads(
+        path.with_suffix(".json").read_text())
+    with pytest.raises(ValueError, match="without topk"):
+        hard.teacher([0], 40)
 
 
 def test_soft_labels_read_the_distribution_that_predicts_each_slot():

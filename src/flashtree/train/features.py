@@ -38,9 +38,10 @@ def rows_digest(rows: list[dict]) -> str:
 
 def _extends(meta: dict, want: dict, offsets: np.ndarray, rows: list[dict]) -> bool:
     """Whether a store built as `meta` holds a prefix of `rows`: same layers, dtype and width,
-    fewer rows, and those rows the first of `rows`."""
+    fewer rows, and those rows the first of `rows`; with the same top-k, or none wanted (the
+    grown store then drops the top-k it had)."""
     same = (all(meta.get(k) == want[k] for k in ("layers", "dtype", "width"))
-            and meta.get("topk", 0) == want.get("topk", 0))
+            and want.get("topk", 0) in (0, meta.get("topk", 0)))
     n = meta.get("rows", 0)
     return (same and 0 < n < len(rows) and meta.get("tokens") == int(offsets[n])
             and meta.get("digest") == rows_digest(rows[:n]))
@@ -59,7 +60,8 @@ class FeatureStore:
               topk: int = 0) -> "FeatureStore":
         """Features of `rows` ({"ids": [...]}) at target `layers`, written to `path` (+ .json), and
         with `topk` > 0 the target's top-k next tokens (`path` + .topk-ids / .topk-logp). A store
-        built without top-k is rebuilt when top-k is asked for."""
+        built without top-k is rebuilt when top-k is asked for; one built with it and grown without
+        it keeps its features and drops the top-k."""
         dtype = next(target.parameters()).dtype
         width = len(layers) * target.config.hidden_size
         lengths = np.array([len(r["ids"]) for r in rows], dtype=np.int64)
@@ -75,9 +77,12 @@ class FeatureStore:
         if fresh and _extends(meta, want, offsets, rows):  # more rows after the same ones: keep what is built
             with path.open("r+b") as f:
                 f.truncate(int(offsets[-1]) * width * np.dtype(np_dtype).itemsize)
-            for suffix in (".topk-ids", ".topk-logp") if topk else ():  # int32 / float32: 4 bytes each
-                with path.with_name(path.name + suffix).open("r+b") as f:
-                    f.truncate(int(offsets[-1]) * topk * 4)
+            for suffix in (".topk-ids", ".topk-logp"):  # int32 / float32: 4 bytes each
+                if topk:
+                    with path.with_name(path.name + suffix).open("r+b") as f:
+                        f.truncate(int(offsets[-1]) * topk * 4)
+                else:
+                    path.with_name(path.name + suffix).unlink(missing_ok=True)
             fresh = False
         data = np.memmap(path, dtype=np_dtype, mode="w+" if fresh else "r+", shape=(int(offsets[-1]), width))
         top_ids = top_logp = None
