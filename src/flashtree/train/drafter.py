@@ -95,10 +95,25 @@ def spare_special_token(tokenizer: Tokenizer) -> int | None:
 CHAT_TEMPERATURES = (0.6, 1.0)  # the sampled share, split evenly (production sweeps run these)
 
 
+def generator(target, batch: int, max_len: int) -> Engine:
+    """Plain decoding (method ar) of up to `batch` sequences of up to `max_len` tokens, KV for all
+    of them, on the compiled path where it pays (compile="auto": at batch 16 on two cores it
+    decodes 1.8x the eager engine's tokens a second, eager ops dominating there); its graphs are
+    built (or loaded from the cache) now. A fused target (`TargetModel.fuse`) runs the graphs
+    serving has compiled."""
+    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=batch, max_model_len=max_len,
+                                               kv_cache_tokens=batch * max_len, compile="auto"))
+    engine.warmup(batched=True)
+    return engine
+
+
 def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: Path) -> None:
     """Write `out` (JSONL of {ids, prompt_len, temperature}): the target's own answers to the
     train split's chat requests. Resumes after the rows already written."""
     from .chats import chat_prompts
+    done = sum(1 for _ in out.open()) if out.is_file() else 0
+    if done >= recipe.num_sequences:
+        return
     prompts = chat_prompts("train", seed=recipe.seed, at_least=recipe.num_sequences)
     rng = random.Random(recipe.seed)
     plan = []  # (messages, temperature, seed) for every sequence, fixed by the seed: resume-safe
@@ -107,9 +122,7 @@ def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: P
         temp = 0.0 if u >= recipe.sampled_fraction else CHAT_TEMPERATURES[int(u < recipe.sampled_fraction / 2)]
         plan.append((prompts[i % len(prompts)]["messages"], temp, rng.getrandbits(31)))
     max_len = recipe.prompt_tokens[1] * 4 + recipe.response_tokens  # quoted code: prompts up to ~500 tokens
-    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=16, max_model_len=max_len + 16,
-                                               kv_cache_tokens=16 * (max_len + 16)))
-    done = sum(1 for _ in out.open()) if out.is_file() else 0
+    engine = generator(target, 16, max_len + 16)
     bar = tqdm(total=recipe.num_sequences, initial=done, desc="regenerate", dynamic_ncols=True)
     with out.open("a") as f:
         while done < recipe.num_sequences:
@@ -131,8 +144,7 @@ def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: P
 
 def _answers(target, tokenizer: Tokenizer, conversations: list[list[dict]], max_tokens: int) -> list[dict]:
     """The target's greedy answers: [{ids, prompt_len}] (prompt = the chat template's ids)."""
-    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=16, max_model_len=2048,
-                                               kv_cache_tokens=16 * 2048))
+    engine = generator(target, 16, 2048)
     seqs = [(ids, engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens)))
             for ids in (tokenizer.encode_chat(c) for c in conversations)]
     while engine.has_work():
@@ -144,9 +156,10 @@ def regenerate(target, tokenizer: Tokenizer, corpus: np.ndarray, recipe: Drafter
     """Write `out` (JSONL of {ids, prompt_len}): corpus prompts continued by the target."""
     rng = random.Random(recipe.seed)
     max_len = recipe.prompt_tokens[1] + recipe.response_tokens
-    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=32, max_model_len=max_len + 16,
-                                               kv_cache_tokens=32 * (max_len + 16)))  # memory: 32 rows' worth
     done = sum(1 for _ in out.open()) if out.is_file() else 0
+    if done >= recipe.num_sequences:
+        return
+    engine = generator(target, 32, max_len + 16)
     bar = tqdm(total=recipe.num_sequences, initial=done, desc="regenerate", dynamic_ncols=True)
     for _ in range(done):  # keep the RNG stream aligned on resume: the same four draws as below
         rng.randint(*recipe.prompt_tokens), rng.randrange(len(corpus)), rng.random(), rng.getrandbits(31)
@@ -411,6 +424,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             ids += tokenizer.encode(read_source(p)) + [eos]
         corpus = np.asarray(ids, dtype=np.int32)
         np.save(work / "corpus_tokens.npy", corpus)
+    target.fuse()  # generation runs serving's graphs (the warm start above copied the unfused layers)
     with torch.inference_mode():
         if chat:
             regenerate_chats(target, tokenizer, recipe, data_path)
