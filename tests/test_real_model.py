@@ -191,10 +191,10 @@ def test_bf16_kernel_is_batch_invariant_and_close_to_fp32():
     for n, k in ((960, 576), (49152, 576), (576, 1535)):
         w = (torch.randn(n, k, generator=g) * 0.05).bfloat16()
         b = torch.randn(n, generator=g).bfloat16()
-        x = torch.randn(9, k, generator=g).bfloat16()
+        x = torch.randn(40, k, generator=g).bfloat16()  # more than two blocks of 16 rows (AMX tiles)
         packed = cpu_dense.pack(w)
         full = cpu_dense.dense(x, w, packed, b)
-        for rows in (slice(0, 1), slice(3, 5), slice(2, 9)):
+        for rows in (slice(0, 1), slice(3, 5), slice(2, 9), slice(0, 17), slice(16, 40), slice(39, 40)):
             assert torch.equal(cpu_dense.dense(x[rows], w, packed, b), full[rows])
         ref = x.float() @ w.float().T + b.float()
         assert (full.float() - ref).abs().max() <= 0.02 * ref.abs().max()

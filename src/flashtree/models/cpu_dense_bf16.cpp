@@ -41,6 +41,7 @@ namespace {
 
 constexpr int kW = 16;            // panel width: one 16-float vector
 constexpr int kAhead = 16;        // k pairs (64-byte lines) each panel's stream is prefetched ahead
+constexpr int64_t kAmxAhead = 2;  // 16-pair blocks (16 lines) each panel is prefetched ahead on tiles
 constexpr int64_t kMaxRows = 256;  // matches MAX_ROWS in cpu_dense.py
 
 #define FT_BF16 __attribute__((target("avx512f,avx512bf16")))
@@ -126,8 +127,10 @@ struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
 };
 
 // AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it),
-// unless FLASHTREE_AMX=0. A one-row call costs what vdpbf16ps's does, and a 17-row verify streams
-// the weights once instead of being compute-bound from ~4 rows (benchmarks/xeon_amx_2026-12-04).
+// unless FLASHTREE_AMX=0. A one-row call costs ~10 % more than vdpbf16ps's (SmolLM2's 121
+// projections: 16.5 ms against 15.0, 19.7 before the tile path prefetched), and a 17-row verify
+// streams the weights once instead of being compute-bound from ~4 rows
+// (benchmarks/xeon_amx_2026-12-04, benchmarks/amx_prefetch_2026-12-05).
 bool amx_ready() {
   static const bool ok = [] {
     const char* want = std::getenv("FLASHTREE_AMX");
@@ -148,13 +151,20 @@ FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const
   _tile_loadconfig(&cfg);
   alignas(64) float buf[4][16 * 16];
   const int64_t ps = K2 * 2 * kW;
-  for (int64_t m0 = 0; m0 < Mp; m0 += 16) {
-    const uint32_t* xa = x + m0 * K2;
-    for (int64_t q = 0; q < np; q += 4) {
-      const int64_t nq = std::min<int64_t>(4, np - q);
-      const uint16_t* w0 = wp + q * ps;
+  for (int64_t q = 0; q < np; q += 4) {
+    const int64_t nq = std::min<int64_t>(4, np - q);
+    const uint16_t* w0 = wp + q * ps;
+    for (int64_t m0 = 0; m0 < Mp; m0 += 16) {  // later row blocks read these panels from the cache
+      const uint32_t* xa = x + m0 * K2;
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (int64_t j = 0; j < K2; j += 16) {
+        // each panel's block kAmxAhead blocks on, for the first row block: tile loads are not
+        // prefetched from memory as the dot path's vector loads are
+        if (m0 == 0)
+          for (int64_t t = 0; t < nq; ++t)
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; ++l)
+              _mm_prefetch(reinterpret_cast<const char*>(w0 + t * ps + (j + 16 * kAmxAhead + l) * 2 * kW), _MM_HINT_T0);
         _tile_loadd(4, xa + j, K2 * 4);
         _tile_loadd(5, w0 + j * 2 * kW, 64);
         _tile_dpbf16ps(0, 4, 5);
