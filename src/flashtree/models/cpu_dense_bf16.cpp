@@ -127,9 +127,9 @@ struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
 };
 
 // AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it),
-// unless FLASHTREE_AMX=0. A one-row call costs ~10 % more than vdpbf16ps's (SmolLM2's 121
-// projections: 16.5 ms against 15.0, 19.7 before the tile path prefetched), and a 17-row verify
-// streams the weights once instead of being compute-bound from ~4 rows
+// unless FLASHTREE_AMX=0. A one-row call costs about what vdpbf16ps's does (plain decoding
+// within noise of it; it cost 1.3x before tiles prefetched and held just the M rows), and a
+// 17-row verify streams the weights once instead of being compute-bound from ~4 rows
 // (benchmarks/xeon_amx_2026-12-04, benchmarks/amx_prefetch_2026-12-05).
 bool amx_ready() {
   static const bool ok = [] {
@@ -142,12 +142,15 @@ bool amx_ready() {
   return ok;
 }
 
-// One thread's panels [np at wp] for every row: x [Mp, K2] pairs (Mp a multiple of 16, zero rows
-// past M), K2 a multiple of 16. Tiles: 0-3 four panels' sums, 4 a block of x, 5-6 a panel's block.
+// One thread's panels [np at wp] for every row: x [Mp, K2] pairs (Mp = M up to 16, else a multiple
+// of 16 with zero rows past M), K2 a multiple of 16. Tiles: 0-3 four panels' sums, 4 a block of
+// x, 5-6 a panel's block. A tile of x holds min(Mp, 16) rows: a one-row step neither loads nor
+// multiplies 15 rows of zeros.
 FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const uint16_t* wp, int64_t np,
                      float* y, int64_t ldy, const float* bias, int64_t ncols) {
   TileConfig cfg;
-  for (int t = 0; t < 7; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  const int tr = static_cast<int>(std::min<int64_t>(16, Mp));  // rows of x a tile holds: M when M <= 16
+  for (int t = 0; t < 7; ++t) cfg.rows[t] = t < 5 ? tr : 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
   alignas(64) float buf[4][16 * 16];
   const int64_t ps = K2 * 2 * kW;
@@ -215,9 +218,10 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   at::Tensor y = at::empty(shape, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0 || K == 0)
     return (bias.has_value() && M > 0 ? y.copy_(bias->expand(shape)) : y.zero_()).to(at::kBFloat16);
-  // x as bf16 pairs, K padded with zeros as the packed weight is (and rows to 16 for AMX tiles)
+  // x as bf16 pairs, K padded with zeros as the packed weight is (and rows to blocks of 16 for
+  // AMX tiles when there are more than 16; up to 16, the tiles hold just the M rows)
   const bool amx = amx_ready();
-  const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;
+  const int64_t Mp = amx && M > 16 ? (M + 15) / 16 * 16 : M;  // tiles past 16 rows: whole blocks of 16
   std::vector<uint32_t> xpairs(Mp * K2, 0);
   const at::Tensor x2 = x.reshape({M, K}).contiguous();
   const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
