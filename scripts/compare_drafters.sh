@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two drafters on the real model, interleaved: the README's bench command (C=1, T=0, 8 held-out
 # chats x 128 tokens, 2 repeats a process) with drafter A, then B, twice; each pass's table in
-# OUT/<name>_<rep>. A drafter "" is the bundled one. Run it on a quiet machine.
+# OUT/<name>_<rep>, the ratios in OUT/summary.txt. A drafter "" is the bundled one. Run it on a
+# quiet machine.
 # Usage: scripts/compare_drafters.sh OUT NAME_A DRAFT_A NAME_B DRAFT_B
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,4 @@ for rep in 1 2; do
     uptime | tee -a "$out/uptime.txt"
   done
 done
+.venv/bin/python scripts/summarize_drafter_compare.py "$out" "${names[@]}"

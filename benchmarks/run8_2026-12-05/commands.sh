@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 38, on a quiet machine with training done and nothing else running:
+#  1. the drafter's run 8 (20,000 chats) against run 7 (10,000), both in the bundle's bf16 +
+#     draft-vocabulary form: run 8 bundled by scripts/keep_smollm2_drafter.sh, run 7 from the
+#     copy of its bundle in RUN7 (the README's command, processes alternating, twice);
+#  2. the README's command with the drafter then bundled (3 repeats);
+#  3. (SECTIONS has 3) the README's peers command: llama.cpp on the same prompts, T 0 and 1.
+set -x
+cd "$(dirname "$0")/../.."
+OUT=benchmarks/run8_2026-12-05
+SECTIONS=${SECTIONS:-12}
+RUN7=${RUN7:-runs/run7_bundle}
+lscpu > $OUT/lscpu.txt
+../shared/tools/quiet 120 || [ -n "$NO_QUIET" ] || exit 1
+uptime | tee -a $OUT/uptime.txt
+[[ $SECTIONS == *1* ]] && scripts/compare_drafters.sh $OUT run8 "" run7 "$RUN7"
+[[ $SECTIONS == *2* ]] && .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 \
+  --max-tokens 128 --methods ar,ngram,dflash,ddtree,hybrid --budgets 8,16,auto --temperatures 0 --concurrency 1 \
+  --repeats 3 --no-peers --exact-samples 0 --out $OUT/readme
+uptime | tee -a $OUT/uptime.txt
+[[ $SECTIONS == *3* ]] && .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 \
+  --max-tokens 128 --methods ar,ngram,dflash,ddtree,hybrid --budgets 8,auto --temperatures 0,1.0 --top-p 0.95 \
+  --concurrency 1 --repeats 2 --peers llama.cpp --exact-samples 0 --out $OUT/peers
+uptime | tee -a $OUT/uptime.txt
