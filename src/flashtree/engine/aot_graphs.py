@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +54,9 @@ FORMAT = 2  # bump when how this module exports or compiles changes (it is not i
 # cache hit (1 of 6 greedy SmolLM2 chats equal), so plain decoding was not reproducible.
 _INDUCTOR = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True,
              "emulate_precision_casts": True}
+# torch 2.13's export deep-copies treespecs, which constructs its own deprecated LeafSpec: a
+# FutureWarning per graph that no caller can act on, so compiling filters it out
+_LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 def why_unavailable() -> str | None:
@@ -194,12 +198,15 @@ class AOTGraphs:
                      for axes in self.dims)
         log.info("compiling the %s graph for %s with AOTInductor", self.name,
                  ", ".join(f"{n}={v}" for n, v in sorted(static.items())) or "every size dynamic")
-        ep = torch.export.export(self.module, args, dynamic_shapes=(spec,), strict=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)  # written whole, then renamed:
         os.close(fd)                                                 # a reader never sees half a file
         try:
-            torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=dict(_INDUCTOR))  # (it adds keys)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _LEAF_SPEC_WARNING, FutureWarning)
+                ep = torch.export.export(self.module, args, dynamic_shapes=(spec,), strict=False)
+                torch._inductor.aoti_compile_and_package(ep, package_path=tmp,
+                                                         inductor_configs=dict(_INDUCTOR))  # (it adds keys)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

@@ -2,13 +2,13 @@
 
 Compiling one AOTInductor package (aot_graphs.py) is mostly single-threaded work — export,
 inductor's lowering, one C++ compile — so on a CPU with two or more cores a load hands about half
-of the graphs it has to compile (`split`) to a helper: a fresh interpreter (`python -m
-flashtree.engine.compile_helper`, never a fork, whose torch thread pools would not survive, nor a
-multiprocessing spawn, which re-runs the user's `__main__` script when it has no main guard) that
-loads the same weights in the same dtype, builds an engine with the same config and so the same
-graph keys, compiles its buckets into the package cache and exits. The loading process then loads
-them from the cache. A helper that fails costs nothing but time: whatever it left uncompiled, the
-loading process compiles itself.
+of the graphs it has to compile (`split`) to a helper: a fresh interpreter that calls `main` (`python
+-c`: under `-m`, importing flashtree would import this module a second time and runpy warns; never
+a fork, whose torch thread pools would not survive, nor a multiprocessing spawn, which re-runs the
+user's `__main__` script when it has no main guard) that loads the same weights in the same dtype,
+builds an engine with the same config and so the same graph keys, compiles its buckets into the
+package cache and exits. The loading process then loads them from the cache. A helper that fails
+costs nothing but time: whatever it left uncompiled, the loading process compiles itself.
 
 It does not choose buckets (Engine.warmup does) and holds no engine of the loading process.
 """
@@ -72,8 +72,9 @@ class Helper:
         package_root = str(Path(__file__).resolve().parents[2])  # where `flashtree` imports from here
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        self.process = subprocess.Popen([sys.executable, "-m", "flashtree.engine.compile_helper"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        entry = "from flashtree.engine.compile_helper import main; main()"
+        self.process = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE,
+                                        stdout=subprocess.DEVNULL, env=env)
         try:
             self.process.stdin.write(pickle.dumps((rebuild, buckets)))
             self.process.stdin.close()
@@ -120,5 +121,6 @@ def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
     Engine(target, drafter, rebuild.config).runner.warmup(buckets)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The helper process's entry point: a pickled (Rebuild, buckets) on stdin."""
     _compile(*pickle.loads(sys.stdin.buffer.read()))
