@@ -12,7 +12,9 @@
 # run 2 on 2,000 chats (--num-sequences 2000), run 3 on 5,000 (--steps 2000), runs 4 and 5 on
 # 6,728 and 10,000 (--steps 1500 --lr 3e-4), all reading target layers 1,27 (--target-layer-ids
 # 1,27); run 7 moved run 5 to five target layers (--steps 1500 --lr 5e-4, the default layers
-# below). Later arguments override the defaults below.
+# below); run 8 continued run 7 on 18,000 chats (--num-sequences 18000 --steps 2250 --lr 3e-4;
+# kept in training/, not yet bundled).
+# Later arguments override the defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
