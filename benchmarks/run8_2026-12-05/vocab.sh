@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Session 38, after commands.sh: run 8 with its draft vocabulary cut to run 7's size (15,626 of
-# 19,457 tokens: scripts/build_draft_vocab.py DIR --size 15626) against run 7, one pair of
-# processes, to see whether the larger vocabulary is what slowed run 8's hybrid configs.
+# Run 8 with its draft vocabulary cut to run 7's size (15,626 of 19,457 tokens) against run 7, the
+# bundled drafter, in scripts/compare_drafters.sh's interleaved bench (OUT/vocab). Session 38 ran
+# one pair, the first half of this, into vocab/run8v and vocab/run7v; the next run adds the second.
+# The run 8 directory: training/'s float32 drafter (the loader casts it to the target's bf16, as
+# scripts/keep_smollm2_drafter.sh does) with scripts/build_draft_vocab.py --size 15626.
 set -x
 cd "$(dirname "$0")/../.."
-OUT=benchmarks/run8_2026-12-05
-for pair in "run8v run8_v15626" "run7v run7_bundle"; do
-  set -- $pair
-  .venv/bin/flashtree bench --model smollm2-135m-instruct --draft runs/$2 --prompts chats --num-prompts 8 \
-    --max-tokens 128 --methods ar,dflash,ddtree,hybrid --budgets 8,16,auto --temperatures 0 --concurrency 1 \
-    --repeats 2 --no-peers --exact-samples 0 --out $OUT/vocab/$1
-  uptime | tee -a $OUT/uptime.txt
-done
+OUT=benchmarks/run8_2026-12-05/vocab
+KEPT=training/smollm2-135m-instruct-drafter
+R8=${R8:-runs/run8_v15626}
+if [ ! -f "$R8/draft_vocab.json" ]; then
+  mkdir -p "$R8" && cp "$KEPT/drafter/config.json" "$KEPT/drafter/model.safetensors" "$R8/"
+  .venv/bin/python scripts/build_draft_vocab.py "$R8" --size 15626 --data "$KEPT/regenerated.jsonl.gz"
+fi
+../shared/tools/quiet 120 || exit 1
+scripts/compare_drafters.sh "$OUT" run8v "$R8" run7v ""
