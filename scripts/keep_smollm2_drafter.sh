@@ -2,7 +2,9 @@
 # Copies what a session's training run made into training/smollm2-135m-instruct-drafter/ for
 # committing: the data (gzipped), the held-out answers, the progress log, the latest drafter
 # (float32: the drafter resumes from it) and its report, then the bundled bf16 copy with its
-# draft vocabulary (scripts/build_draft_vocab.py, from the kept data).
+# draft vocabulary (scripts/build_draft_vocab.py, from the kept data): the DRAFT_VOCAB most frequent
+# tokens (default 15,626). Every token seen (19,457 for run 8's 18,000 chats) made the drafter's head
+# slower for no gain in tau: benchmarks/run8_2026-12-05/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/smollm2-drafter}
@@ -34,6 +36,6 @@ save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
 cfg = json.loads((src / "config.json").read_text())
 (dst / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
 PY
-  .venv/bin/python scripts/build_draft_vocab.py "$BUNDLE" --data "$KEPT/regenerated.jsonl.gz"
+  .venv/bin/python scripts/build_draft_vocab.py "$BUNDLE" --size "${DRAFT_VOCAB:-15626}" --data "$KEPT/regenerated.jsonl.gz"
   ls -la "$BUNDLE"
 fi

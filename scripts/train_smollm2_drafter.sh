@@ -8,12 +8,12 @@
 # drafter. A fresh WORK starts from them: the data is not generated again, and a committed
 # drafter is the starting point (--init-from; the optimiser state is not kept).
 #
-# The bundled drafter is run 7 of a chain, each run from the one before (docs/real-pair.md):
+# The bundled drafter is run 8 of a chain, each run from the one before (docs/real-pair.md):
 # run 2 on 2,000 chats (--num-sequences 2000), run 3 on 5,000 (--steps 2000), runs 4 and 5 on
 # 6,728 and 10,000 (--steps 1500 --lr 3e-4), all reading target layers 1,27 (--target-layer-ids
 # 1,27); run 7 moved run 5 to five target layers (--steps 1500 --lr 5e-4, the default layers
-# below); run 8 continued run 7 on 18,000 chats (--num-sequences 18000 --steps 2250 --lr 3e-4;
-# kept in training/, not yet bundled).
+# below); run 8 continued run 7 on 18,000 chats (--num-sequences 18000 --steps 2250 --lr 3e-4),
+# bundled by scripts/keep_smollm2_drafter.sh with a 15,626-token draft vocabulary.
 # Later arguments override the defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
