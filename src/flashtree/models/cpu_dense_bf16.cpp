@@ -46,10 +46,27 @@ constexpr int64_t kMaxRows = 256;  // matches MAX_ROWS in cpu_dense.py
 
 #define FT_BF16 __attribute__((target("avx512f,avx512bf16")))
 
-// y[MR, <=16P] = x[MR, 2*K2] (bf16 pairs) @ panels[P]; ncols = valid columns from this tile's first.
+// Stores the first n (<= 16) lanes of v as bfloat16, rounded to nearest even as at::BFloat16 rounds
+// (NaN -> 0x7FC0): what y.to(torch.bfloat16) of the float32 sums gives, without a float32 output
+// tensor and a second op to convert it (their allocation and dispatch cost ~1 ms of a 16 ms step).
+__attribute__((target("avx512f"))) inline void store_bf16(uint16_t* dst, __m512 v, int64_t n) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm512_mask_cvtepi32_storeu_epi16(dst, n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), r);
+}
+
+// v + bias[0..n) (n <= 16 lanes read), or v without a bias.
+__attribute__((target("avx512f"))) inline __m512 add_bias(__m512 v, const float* bias, int64_t n) {
+  if (!bias) return v;
+  return _mm512_add_ps(v, _mm512_maskz_loadu_ps(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), bias));
+}
+
+// y[MR, <=16P] (bf16) = x[MR, 2*K2] (bf16 pairs) @ panels[P]; ncols = valid columns from this tile's first.
 template <int MR, int P>
 FT_BF16 inline void tile(const uint32_t* __restrict x, int64_t ldx, const uint16_t* __restrict wp, int64_t K2,
-                         float* __restrict y, int64_t ldy, const float* __restrict bias, int64_t ncols) {
+                         uint16_t* __restrict y, int64_t ldy, const float* __restrict bias, int64_t ncols) {
   __m512 acc[MR][P];
 #pragma GCC unroll 32
   for (int m = 0; m < MR; ++m)
@@ -70,24 +87,18 @@ FT_BF16 inline void tile(const uint32_t* __restrict x, int64_t ldx, const uint16
       for (int p = 0; p < P; ++p) acc[m][p] = _mm512_dpbf16_ps(acc[m][p], xb, w[p]);
     }
   }
-  alignas(64) float buf[MR][kW * P];
 #pragma GCC unroll 32
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 32
-    for (int p = 0; p < P; ++p) _mm512_store_ps(&buf[m][p * kW], acc[m][p]);
-  const int64_t nc = std::min<int64_t>(ncols, kW * P);
-  for (int m = 0; m < MR; ++m) {
-    float* ym = y + m * ldy;
-    if (bias)
-      for (int64_t c = 0; c < nc; ++c) ym[c] = buf[m][c] + bias[c];
-    else
-      for (int64_t c = 0; c < nc; ++c) ym[c] = buf[m][c];
-  }
+    for (int p = 0; p < P; ++p) {
+      const int64_t c0 = p * kW, n = std::min<int64_t>(kW, ncols - c0);
+      if (n > 0) store_bf16(y + m * ldy + c0, add_bias(acc[m][p], bias ? bias + c0 : nullptr, n), n);
+    }
 }
 
 // MR rows over np panels: 8 panels a tile for one row, 4 for two, 2 for 3..8 (8-16 sums).
 template <int MR>
-FT_BF16 inline void tiles(const uint32_t* x, int64_t ldx, const uint16_t* wp, int64_t np, int64_t K2, float* y,
+FT_BF16 inline void tiles(const uint32_t* x, int64_t ldx, const uint16_t* wp, int64_t np, int64_t K2, uint16_t* y,
                           int64_t ldy, const float* bias, int64_t ncols) {
   constexpr int P = MR == 1 ? 8 : (MR == 2 ? 4 : 2);
   const int64_t ps = K2 * 2 * kW;
@@ -98,12 +109,12 @@ FT_BF16 inline void tiles(const uint32_t* x, int64_t ldx, const uint16_t* wp, in
     tile<MR, 1>(x, ldx, wp + q * ps, K2, y + q * kW, ldy, bias ? bias + q * kW : nullptr, ncols - q * kW);
 }
 
-FT_BF16 void rows(const uint32_t* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t np, int64_t K2, float* y,
+FT_BF16 void rows(const uint32_t* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t np, int64_t K2, uint16_t* y,
                   int64_t ldy, const float* bias, int64_t ncols) {
   int64_t m = 0;
   for (; m + 8 <= M; m += 8) tiles<8>(x + m * ldx, ldx, wp, np, K2, y + m * ldy, ldy, bias, ncols);
   const uint32_t* xm = x + m * ldx;
-  float* ym = y + m * ldy;
+  uint16_t* ym = y + m * ldy;
   switch (M - m) {
     case 7: tiles<7>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
     case 6: tiles<6>(xm, ldx, wp, np, K2, ym, ldy, bias, ncols); break;
@@ -147,7 +158,7 @@ bool amx_ready() {
 // x, 5-6 a panel's block. A tile of x holds min(Mp, 16) rows: a one-row step neither loads nor
 // multiplies 15 rows of zeros.
 FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const uint16_t* wp, int64_t np,
-                     float* y, int64_t ldy, const float* bias, int64_t ncols) {
+                     uint16_t* y, int64_t ldy, const float* bias, int64_t ncols) {
   TileConfig cfg;
   const int tr = static_cast<int>(std::min<int64_t>(16, Mp));  // rows of x a tile holds: M when M <= 16
   for (int t = 0; t < 7; ++t) cfg.rows[t] = t < 5 ? tr : 16, cfg.colsb[t] = 64;
@@ -180,14 +191,9 @@ FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const
       const int64_t rows_here = std::min<int64_t>(16, M - m0);
       for (int64_t t = 0; t < nq; ++t) {
         const int64_t col = (q + t) * kW, nc = std::min<int64_t>(kW, ncols - col);
-        for (int64_t r = 0; r < rows_here; ++r) {
-          float* yr = y + (m0 + r) * ldy + col;
-          const float* br = buf[t] + r * 16;
-          if (bias)
-            for (int64_t c = 0; c < nc; ++c) yr[c] = br[c] + bias[col + c];
-          else
-            for (int64_t c = 0; c < nc; ++c) yr[c] = br[c];
-        }
+        for (int64_t r = 0; r < rows_here; ++r)
+          store_bf16(y + (m0 + r) * ldy + col, add_bias(_mm512_load_ps(buf[t] + r * 16), bias ? bias + col : nullptr, nc),
+                     nc);
       }
     }
   }
@@ -215,9 +221,9 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   if (M > kMaxRows) return at::linear(x, weight, bias);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  at::Tensor y = at::empty(shape, x.options().dtype(at::kFloat));
+  at::Tensor y = at::empty(shape, x.options());  // bf16, written by the tiles (store_bf16)
   if (M == 0 || N == 0 || K == 0)
-    return (bias.has_value() && M > 0 ? y.copy_(bias->expand(shape)) : y.zero_()).to(at::kBFloat16);
+    return bias.has_value() && M > 0 ? y.copy_(bias->expand(shape)) : y.zero_();
   // x as bf16 pairs, K padded with zeros as the packed weight is (and rows to blocks of 16 for
   // AMX tiles when there are more than 16; up to 16, the tiles hold just the M rows)
   const bool amx = amx_ready();
@@ -229,7 +235,7 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   const at::Tensor b2 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* b = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  float* yp = y.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t P = packed.size(0), ps = K2 * 2 * kW;
   constexpr int64_t G = 8;  // panels per task (128 columns)
   const int64_t groups = (P + G - 1) / G;
@@ -241,7 +247,7 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
     else
       rows(xpairs.data(), K2, M, w + p0 * ps, p1 - p0, K2, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
   });
-  return y.to(at::kBFloat16);
+  return y;
 }
 
 }  // namespace
