@@ -37,15 +37,25 @@ def reference(q, kn, vn, kc, vc, table, lengths, vis, P):
     return out.transpose(1, 2)
 
 
+@pytest.fixture
+def threads(request):
+    """torch's thread count for one test (conftest runs tests on 1), restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)  # 2: calls of few (sequence, kv head) pairs cut tokens
 @pytest.mark.parametrize("B, T, N, H, Hkv, D, P, lengths", [
     (1, 1, 1, 4, 2, 64, 16, [250]),
     (3, 5, 5, 4, 2, 64, 4, [0, 7, 24]),
     (2, 9, 12, 8, 2, 128, 8, [33, 1]),      # N > T: the drafter's context + block
     (2, 3, 3, 6, 3, 24, 5, [11, 20]),       # a head size with no compiled-in path
     (1, 17, 17, 2, 2, 32, 16, [600]),
-    (1, 9, 9, 4, 1, 64, 16, [130]),         # fewer (sequence, kv head) pairs than threads: tokens split
+    (1, 9, 9, 4, 1, 64, 16, [130]),         # on 2 threads, fewer (sequence, kv head) pairs than 4: tokens split
 ])
-def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths):
+def test_agrees_with_sdpa_over_gathered_rows(B, T, N, H, Hkv, D, P, lengths, threads):
     args = case(B, T, N, H, Hkv, D, P, lengths)
     out = cpu_dense.paged_attention(*args)
     assert out.shape == (B, T, H, D) and out.dtype == torch.float32
@@ -75,11 +85,14 @@ def test_scores_far_below_the_maximum_get_no_weight_not_a_nan():
     torch.testing.assert_close(out.double(), reference(*args), rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("Hkv, n", [(2, 37), (2, 150), (1, 150)])  # 150: cached rows in 3 blocks of the kernel
-def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(Hkv, n):
+@pytest.mark.parametrize("H, Hkv, n, threads", [(4, 2, 37, 1), (4, 2, 150, 1), (4, 1, 150, 1),  # 150: 3 blocks
+                                                (9, 3, 150, 2), (4, 1, 37, 2)], indirect=["threads"])
+def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(H, Hkv, n, threads):
     """A chain of new tokens: token t (seeing the cache and tokens 0..t) gives exactly what a plain
-    step gives once tokens 0..t-1 are cached rows — the property greedy speculative == plain needs."""
-    T, H, D, P = 6, 4, 64, 16
+    step gives once tokens 0..t-1 are cached rows — the property greedy speculative == plain needs.
+    On 2 threads a call of fewer than 4 (sequence, kv head) items cuts its tokens into ranges (3 kv
+    heads, as SmolLM2: 2 ranges of 3 tokens; 1 kv head: 4 ranges) while a plain step is one item."""
+    T, D, P = 6, 64, 16
     q, kn, vn, kc, vc, table, lengths, _, _ = case(1, T, T, H, Hkv, D, P, [n + T], rows_pages=16)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
     tree = cpu_dense.paged_attention(q, kn, vn, kc, vc, table, torch.tensor([n]), causal, P)

@@ -157,3 +157,23 @@ def test_the_runner_packs_the_pairs_projections():
     assert runner.cpu_kernel is True
     packed = [m for m in list(runner.target.modules()) + list(runner.drafter.modules()) if isinstance(m, Linear)]
     assert packed and all(m.packed is not None for m in packed)
+
+
+@needs_kernel
+def test_bf16_outputs_are_the_float32_sums_rounded_as_torch_rounds():
+    """bf16 projections round their float32 sums + bias to bf16 as torch does (to nearest even), bit
+    for bit, in every lane of a partial panel too. With one-hot rows of x each output is exactly
+    w[n, k] + b[n] in float32, so torch's rounding of that sum is the reference (N = 50: three whole
+    panels and 2 columns; 20 rows: past one AMX block of 16)."""
+    assert cpu_dense.available(), cpu_dense.why_unavailable()  # (loads the library)
+    g = torch.Generator().manual_seed(5)
+    N, K, M = 50, 64, 20
+    w = torch.randn(N, K, generator=g).bfloat16()
+    b = (torch.randn(N, generator=g) * 1e-2).bfloat16()  # other exponents than w's: w + b needs rounding
+    x = torch.eye(K)[:M].bfloat16()
+    y = cpu_dense.dense(x, w, cpu_dense.pack(w), b)
+    exact = w.float().T[:M] + b.float()                  # [M, N]: row m of x picks column m of w.T
+    assert y.dtype == torch.bfloat16 and torch.equal(y, exact.bfloat16())
+    # negative control: truncating to bf16 instead gives other bits, so the sums do need rounding
+    truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).bfloat16()
+    assert not torch.equal(y, truncated)

@@ -229,9 +229,9 @@ void attend_all(const float* Q, const E* KN, const E* VN, const E* KC, const E* 
   // One item = (b, g, a range of new tokens): the G query heads of kv head g for those tokens of
   // sequence b. Each (b, g) is one item unless there are fewer than two items a thread: then its
   // tokens are split until there are, so the threads' contiguous shares of items stay within about
-  // one item of each other (SmolLM2's verify of 9 tokens on 2 threads: its 3 kv heads gave one
-  // thread 2 of 3 items; 6 items of 4-5 tokens took 0.80x the time, 17 tokens 0.75x). A one-token
-  // step is not cut further: items of fewer query heads each re-read the keys and ran 1.15x slower.
+  // one item of each other (SmolLM2's 3 kv heads on 2 threads: 3 items would give one thread 2).
+  // A one-token step is not cut by query head: each such item would re-read the keys, which cost
+  // more than the balance gained (benchmarks/bf16_store_2026-12-05).
   // Per query the keys, their order and every operation on them are the same whatever else the call
   // holds (a tree node == the plain step at its position: its ancestors are then cached rows, in
   // order), so how items are cut never changes an output.

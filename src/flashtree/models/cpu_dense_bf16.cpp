@@ -46,21 +46,24 @@ constexpr int64_t kMaxRows = 256;  // matches MAX_ROWS in cpu_dense.py
 
 #define FT_BF16 __attribute__((target("avx512f,avx512bf16")))
 
+// The first n lanes of 16 (n >= 16: all).
+inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
 // Stores the first n (<= 16) lanes of v as bfloat16, rounded to nearest even as at::BFloat16 rounds
 // (NaN -> 0x7FC0): what y.to(torch.bfloat16) of the float32 sums gives, without a float32 output
-// tensor and a second op to convert it (their allocation and dispatch cost ~1 ms of a 16 ms step).
+// tensor and a second op to convert it for each of a step's calls (benchmarks/bf16_store_2026-12-05).
 __attribute__((target("avx512f"))) inline void store_bf16(uint16_t* dst, __m512 v, int64_t n) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm512_mask_cvtepi32_storeu_epi16(dst, n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), r);
+  _mm512_mask_cvtepi32_storeu_epi16(dst, lanes(n), r);
 }
 
 // v + bias[0..n) (n <= 16 lanes read), or v without a bias.
 __attribute__((target("avx512f"))) inline __m512 add_bias(__m512 v, const float* bias, int64_t n) {
   if (!bias) return v;
-  return _mm512_add_ps(v, _mm512_maskz_loadu_ps(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), bias));
+  return _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes(n), bias));
 }
 
 // y[MR, <=16P] (bf16) = x[MR, 2*K2] (bf16 pairs) @ panels[P]; ncols = valid columns from this tile's first.
