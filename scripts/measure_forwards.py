@@ -5,10 +5,13 @@ model has a drafter), each against a cached context of --context rows in one seq
 compiled, interleaved over --repeats rounds of --calls calls each (median of medians). Reports each
 as a multiple of the one-token target step of the same mode, and the one-token step against its
 bound: the bytes of the weights a step streams over the read bandwidth measured here (float32
-torch.sum over 512 MB, median of 5). Run on a quiet machine (`../shared/tools/quiet`).
+torch.sum over 512 MB, median of 5). With --profile N, then the ops of N one-token steps of the
+last mode under torch.profiler (where the step's time goes, op by op). Run on a quiet machine
+(`../shared/tools/quiet`).
 
 Usage: python scripts/measure_forwards.py [--model NAME|DIR] [--dtype D] [--tokens 1,9,17]
        [--context 250] [--repeats 5] [--calls 200] [--modes eager,compiled] [--out FILE.json]
+       [--profile N]
 """
 import argparse
 import json
@@ -29,6 +32,7 @@ p.add_argument("--model", default="tiny-code")
 p.add_argument("--dtype", default="auto")
 p.add_argument("--tokens", default="1,9,17", help="comma list of new-token counts (1 is always timed)")
 p.add_argument("--modes", default="eager,compiled")
+p.add_argument("--profile", type=int, default=0, help="profile this many one-token steps of the last mode")
 a = p.parse_args()
 
 
@@ -91,6 +95,12 @@ with torch.inference_mode():
                     fn()
                     ts.append(time.perf_counter() - t0)
                 times[(mode, name)].append(statistics.median(ts) * 1e3)
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:  # (the last mode's runner stays selected)
+            for _ in range(a.profile):
+                forwards["target 1 token"]()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 rows = []
 for mode in modes:
     step = statistics.median(times[(mode, "target 1 token")])
