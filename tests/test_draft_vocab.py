@@ -27,7 +27,9 @@ def drafter_with(tmp_path: Path, ids) -> Path:
 
 
 def run(draft: Path, method: str = "dflash"):
-    with LLM("tiny-code", draft, method=method, compile=False) as llm:
+    # a fixed tree budget: "auto" sizes trees from timings, which vary with the machine's load
+    budget = 8 if method == "ddtree" else None
+    with LLM("tiny-code", draft, method=method, budget=budget, compile=False) as llm:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         vocab = llm.engine.runner.draft_ids
     return [o.token_ids for o in outs], [o.metrics.accept_lengths for o in outs], vocab
