@@ -87,13 +87,17 @@ def test_scores_far_below_the_maximum_get_no_weight_not_a_nan():
 
 @pytest.mark.parametrize("H, Hkv, n, threads", [(4, 2, 37, 1), (4, 2, 150, 1), (4, 1, 150, 1),  # 150: 3 blocks
                                                 (9, 3, 150, 2), (4, 1, 37, 2)], indirect=["threads"])
-def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(H, Hkv, n, threads):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tree_node_equals_the_plain_step_at_its_position_bitwise(H, Hkv, n, threads, dtype):
     """A chain of new tokens: token t (seeing the cache and tokens 0..t) gives exactly what a plain
     step gives once tokens 0..t-1 are cached rows — the property greedy speculative == plain needs.
     On 2 threads a call of fewer than 4 (sequence, kv head) items cuts its tokens into ranges (3 kv
-    heads, as SmolLM2: 2 ranges of 3 tokens; 1 kv head: 4 ranges) while a plain step is one item."""
+    heads, as SmolLM2: 2 ranges of 3 tokens; 1 kv head: 4 ranges) while a plain step is one item.
+    With a bf16 cache the chain's call widens each block of cached rows once for all its queries
+    while a plain step widens each row as each query reads it: the bits must not differ."""
     T, D, P = 6, 64, 16
     q, kn, vn, kc, vc, table, lengths, _, _ = case(1, T, T, H, Hkv, D, P, [n + T], rows_pages=16)
+    kn, vn, kc, vc = (t.to(dtype) for t in (kn, vn, kc, vc))
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
     tree = cpu_dense.paged_attention(q, kn, vn, kc, vc, table, torch.tensor([n]), causal, P)
     rows = table[0, (n + torch.arange(T)) // P] * P + (n + torch.arange(T)) % P

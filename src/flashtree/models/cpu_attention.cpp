@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -175,49 +176,82 @@ void attend_any(const float* q, const E* const* keys, const E* const* vals, int6
   for (int64_t i = 0; i < m; ++i) axpy(sbuf[i] * inv, vals[i], out, D);
 }
 
+// Per-thread scratch of attend_group: scores [queries, keys], running maxima, widened rows.
+struct Scratch {
+  std::vector<float> S, mx, wide;
+  std::vector<const float*> ptrs;
+};
+
+// m bfloat16 rows of DD -> float32 rows in sc.wide, exactly (a widened bf16 is the float32 with
+// those high bits), and pointers to them: a block read by several queries is widened once, not once
+// per query — their products are the ones direct bf16 loads give, so outputs are bit-identical.
+template <int DD>
+const float* const* widened(const bf16* const* rows, int64_t m, Scratch& sc) {
+  if (static_cast<int64_t>(sc.ptrs.size()) < m) sc.wide.resize(m * DD), sc.ptrs.resize(m);
+  for (int64_t i = 0; i < m; ++i) {
+    float* w = sc.wide.data() + i * DD;
+    for (int v = 0; v < DD / 8; ++v) _mm256_storeu_ps(w + 8 * v, load8(rows[i] + 8 * v));
+    sc.ptrs[i] = w;
+  }
+  return sc.ptrs.data();
+}
+
 // Keys of one (sequence, kv head): its cached rows in order (shared by all its queries), and per new
 // token t the new rows it sees. The queries of the (b, g) go through the cached rows together, kKB
 // rows at a time, so a block of K (then V) rows is read from memory once for all of them and reused
-// from L1 — not once per query. Per query the order of keys and of every operation on its own
-// numbers is the same as one query alone would get (cached rows ascending, then its new rows).
+// from L1 — not once per query; a bf16 block is widened once for all of them too. Per query the
+// order of keys and of every operation on its own numbers is the same as one query alone would get
+// (cached rows ascending, then its new rows).
 constexpr int64_t kKB = 64;
 
 template <int DD, typename E>
 void attend_group(const float* Q, int64_t H, int64_t G, int64_t g, int64_t b, int64_t t0, int64_t t1,
                   const std::vector<const E*>& ck, const std::vector<const E*>& cv,
                   const std::vector<std::vector<const E*>>& nk, const std::vector<std::vector<const E*>>& nvv,
-                  float scale, std::vector<float>& S, std::vector<float>& mx, float* O, int64_t T) {
+                  float scale, Scratch& sc, float* O, int64_t T) {
   const int64_t n = static_cast<int64_t>(ck.size()), nq = (t1 - t0) * G;
   int64_t width = n;
   for (int64_t t = t0; t < t1; ++t) width = std::max<int64_t>(width, n + static_cast<int64_t>(nk[t].size()));
-  S.resize(nq * width);
-  mx.assign(nq, -std::numeric_limits<float>::infinity());
+  sc.S.resize(nq * width);
+  sc.mx.assign(nq, -std::numeric_limits<float>::infinity());
+  float *S = sc.S.data(), *mx = sc.mx.data();
   auto qptr = [&](int64_t t, int64_t h) { return Q + ((b * T + t) * H + g * G + h) * DD; };
   auto optr = [&](int64_t t, int64_t h) { return O + ((b * T + t) * H + g * G + h) * DD; };
+  // for_block(rows, c0, m, f): f(pointers to the m rows from c0), widened first when that pays
+  auto for_block = [&](const std::vector<const E*>& rows, int64_t c0, int64_t m, auto&& f) {
+    if constexpr (std::is_same_v<E, bf16>) {
+      if (t1 - t0 > 1) return f(widened<DD>(rows.data() + c0, m, sc));
+    }
+    f(rows.data() + c0);
+  };
   for (int64_t c0 = 0; c0 < n; c0 += kKB) {  // scores against the cached rows, block by block
-    const int64_t c1 = std::min(n, c0 + kKB);
-    for (int64_t t = t0, r = 0; t < t1; ++t)
-      for (int64_t h = 0; h < G; ++h, ++r)
-        mx[r] = std::max(mx[r], scores<DD>(qptr(t, h), ck.data() + c0, c1 - c0, scale, S.data() + r * width + c0));
+    const int64_t m = std::min(n, c0 + kKB) - c0;
+    for_block(ck, c0, m, [&](auto keys) {
+      for (int64_t t = t0, r = 0; t < t1; ++t)
+        for (int64_t h = 0; h < G; ++h, ++r)
+          mx[r] = std::max(mx[r], scores<DD>(qptr(t, h), keys, m, scale, S + r * width + c0));
+    });
   }
   std::vector<float> inv(nq);
   for (int64_t t = t0, r = 0; t < t1; ++t)  // then each query's new rows; softmax weights
     for (int64_t h = 0; h < G; ++h, ++r) {
-      float* s = S.data() + r * width;
+      float* s = S + r * width;
       const int64_t m = n + static_cast<int64_t>(nk[t].size());
       mx[r] = std::max(mx[r], scores<DD>(qptr(t, h), nk[t].data(), m - n, scale, s + n));
       inv[r] = m ? 1.f / exp_shifted(s, m, mx[r]) : 0.f;
       std::fill(optr(t, h), optr(t, h) + DD, 0.f);
     }
   for (int64_t c0 = 0; c0 < n; c0 += kKB) {  // values of the cached rows, block by block
-    const int64_t c1 = std::min(n, c0 + kKB);
-    for (int64_t t = t0, r = 0; t < t1; ++t)
-      for (int64_t h = 0; h < G; ++h, ++r)
-        accumulate<DD>(S.data() + r * width + c0, inv[r], cv.data() + c0, c1 - c0, optr(t, h));
+    const int64_t m = std::min(n, c0 + kKB) - c0;
+    for_block(cv, c0, m, [&](auto vals) {
+      for (int64_t t = t0, r = 0; t < t1; ++t)
+        for (int64_t h = 0; h < G; ++h, ++r)
+          accumulate<DD>(S + r * width + c0, inv[r], vals, m, optr(t, h));
+    });
   }
   for (int64_t t = t0, r = 0; t < t1; ++t)  // then each query's new rows
     for (int64_t h = 0; h < G; ++h, ++r)
-      accumulate<DD>(S.data() + r * width + n, inv[r], nvv[t].data(), static_cast<int64_t>(nvv[t].size()), optr(t, h));
+      accumulate<DD>(S + r * width + n, inv[r], nvv[t].data(), static_cast<int64_t>(nvv[t].size()), optr(t, h));
 }
 
 // The loop over (sequence, kv head, token range) items, for K/V rows of element type E.
@@ -239,7 +273,8 @@ void attend_all(const float* Q, const E* KN, const E* VN, const E* KC, const E* 
   const int64_t want = threads > 1 ? 2 * threads : 1;  // items wanted at least
   const int64_t split = std::min<int64_t>(T, (want + groups - 1) / groups), per = (T + split - 1) / split;
   at::parallel_for(0, groups * split, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> sbuf, mxs;
+    Scratch scratch;
+    std::vector<float> sbuf;
     std::vector<const E*> ck, cv;
     std::vector<std::vector<const E*>> nk(T), nvv(T);
     for (int64_t item = i0; item < i1; ++item) {
@@ -264,9 +299,9 @@ void attend_all(const float* Q, const E* KN, const E* VN, const E* KC, const E* 
         }
       }
       if (D == 64) {
-        attend_group<64, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+        attend_group<64, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, scratch, O, T);
       } else if (D == 128) {
-        attend_group<128, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, sbuf, mxs, O, T);
+        attend_group<128, E>(Q, H, G, g, b, t0, t1, ck, cv, nk, nvv, sc, scratch, O, T);
       } else {
         std::vector<const E*> keys, vals;
         for (int64_t t = t0; t < t1; ++t) {
