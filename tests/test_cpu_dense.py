@@ -160,6 +160,31 @@ def test_the_runner_packs_the_pairs_projections():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_thread_count_gives_the_same_bits(dtype):
+    """Threads split a call's panels into contiguous shares (conftest runs the rest of the suite on
+    one thread). 200 columns: 13 panels, shares of 6 and 7 on 2 threads; 576 (SmolLM2's o and down
+    projections): 18 / 18 on 2, 12 / 12 / 12 on 3. Every output must be the one-thread bits — a
+    panel skipped or taken twice, or a share's sums depending on its thread, would show here."""
+    assert cpu_dense.available(), cpu_dense.why_unavailable()
+    g = torch.Generator().manual_seed(8)
+    before = torch.get_num_threads()
+    try:
+        for N in (200, 576):
+            w, b = torch.randn(N, 256, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype)
+            packed = cpu_dense.pack(w)
+            for M in (1, 9, 17):
+                x = torch.randn(M, 256, generator=g).to(dtype)
+                torch.set_num_threads(1)
+                one = cpu_dense.dense(x, w, packed, b)
+                for threads in (2, 3):
+                    torch.set_num_threads(threads)
+                    assert torch.equal(cpu_dense.dense(x, w, packed, b), one), (N, M, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
 def test_bf16_outputs_are_the_float32_sums_rounded_as_torch_rounds():
     """bf16 projections round their float32 sums + bias to bf16 as torch does (to nearest even), bit
     for bit, in every lane of a partial panel too. With one-hot rows of x each output is exactly

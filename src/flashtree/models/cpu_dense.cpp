@@ -30,6 +30,8 @@
 #include <ATen/ops/linear.h>
 #include <immintrin.h>
 
+#include "cpu_kernels.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -149,12 +151,10 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   const float* b = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t P = packed.size(0);
-  constexpr int64_t G = 4;  // panels per task (64 columns)
-  const int64_t groups = (P + G - 1) / G;
-  const int64_t grain = M * N * K < (1 << 16) ? groups : 1;  // tiny products: one thread
+  const int64_t shares = flashtree_kernels::panel_shares(P, 4, M * N * K, at::get_num_threads());
   auto run = [&](auto* w) {
-    at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-      const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
+    at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
+      const int64_t p0 = P * s0 / shares, p1 = P * s1 / shares;
       rows(xp, K, M, w + p0 * K * kW, p1 - p0, K, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
     });
   };

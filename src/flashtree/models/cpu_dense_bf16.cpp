@@ -9,7 +9,7 @@
 // How: the weight [N, K] is packed once into panels of 16 output columns holding k in pairs:
 // packed[p, j, c, e] = W[16p + c, 2j + e] (zero past N and K), so one k pair of a panel is one
 // 64-byte load. A tile of MR rows x P panels keeps MR*P sixteen-float sums in registers for the
-// whole k loop; threads split the panels in groups of 8.
+// whole k loop; threads split the panels into near-equal contiguous shares.
 //
 // With AMX (amx_bf16, the OS granting its tile state) every call runs on tiles instead: 16 rows
 // of x (zero-padded) by 16 k pairs against a panel's 16 k pairs by 16 columns — the same packed
@@ -28,6 +28,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <immintrin.h>
+
+#include "cpu_kernels.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -240,11 +242,9 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t P = packed.size(0), ps = K2 * 2 * kW;
-  constexpr int64_t G = 8;  // panels per task (128 columns)
-  const int64_t groups = (P + G - 1) / G;
-  const int64_t grain = M * N * K < (1 << 16) ? groups : 1;  // tiny products: one thread
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    const int64_t p0 = g0 * G, p1 = std::min<int64_t>(P, g1 * G);
+  const int64_t shares = flashtree_kernels::panel_shares(P, 8, M * N * K, at::get_num_threads());
+  at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
+    const int64_t p0 = P * s0 / shares, p1 = P * s1 / shares;
     if (amx)
       amx_rows(xpairs.data(), K2, M, Mp, w + p0 * ps, p1 - p0, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
     else

@@ -2,6 +2,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace flashtree_kernels {
@@ -10,6 +11,17 @@ namespace flashtree_kernels {
 // index first among equal values); NaN is never selected (short rows pad with -inf at index -1).
 // In cpu_topk.cpp.
 void topk_row(const float* x, int64_t V, int64_t k, float* bv, int64_t* bi);
+
+// How many contiguous shares the threads split a product's P panels into: one per G panels at
+// most and no more than the threads; one for a tiny product (below 2^16 multiply-adds), where
+// waking a thread costs more than it saves. Share t is panels [P t / n, P (t + 1) / n): the shares
+// differ by one panel at most (SmolLM2's 36-panel bf16 projections split 18 / 18, where whole
+// groups of 8 panels gave one thread 24 and the other 12). Which thread takes a panel never
+// changes its sums.
+inline int64_t panel_shares(int64_t P, int64_t G, int64_t macs, int64_t threads) {
+  if (macs < (int64_t{1} << 16)) return 1;
+  return std::clamp<int64_t>((P + G - 1) / G, 1, threads);
+}
 
 // exp(x) on 8 lanes (Cephes expf): 2^n e^r with n = round(x log2 e), r = x - n ln 2 (in two
 // parts), e^r by a degree-6 polynomial (relative error ~1e-7). Below -87.34, where float32's
