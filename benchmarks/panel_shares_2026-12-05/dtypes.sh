@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 40: plain decoding in float32 against bfloat16 (dtype auto: AMX tiles) on a63cea9's
+# Session 40: plain decoding in float32 against bfloat16 (dtype auto: AMX tiles) on b9e832d's
 # kernels (near-equal panel shares), processes alternating fp32, bf16, three times; C=1, T=0,
 # 8 held-out chats x 128 tokens, 3 timed passes each (the command of ../bf16_store_2026-12-05/dtypes.sh).
 set -x
