@@ -83,7 +83,7 @@ if has_drafter:
     forwards[f"drafter block of {K}"] = drafter()
 modes = a.modes.split(",")
 times = {(mode, name): [] for mode in modes for name in forwards}
-bws = []  # the read bandwidth once a round: the VM's moves between minutes, so each round has its bound
+bws = []  # the read bandwidth, once a round: the VM's moves from minute to minute, so each round has its own bound
 with torch.inference_mode():
     for _ in range(a.repeats):
         bws.append(read_bandwidth())

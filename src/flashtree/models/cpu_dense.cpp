@@ -154,7 +154,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   const int64_t shares = flashtree_kernels::panel_shares(P, 4, M * N * K, at::get_num_threads());
   auto run = [&](auto* w) {
     at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
-      const int64_t p0 = P * s0 / shares, p1 = P * s1 / shares;
+      const int64_t p0 = flashtree_kernels::share_start(P, s0, shares), p1 = flashtree_kernels::share_start(P, s1, shares);
       rows(xp, K, M, w + p0 * K * kW, p1 - p0, K, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
     });
   };

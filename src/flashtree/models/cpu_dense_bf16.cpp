@@ -244,7 +244,7 @@ at::Tensor dense_bf16(const at::Tensor& x, const at::Tensor& weight, const at::T
   const int64_t P = packed.size(0), ps = K2 * 2 * kW;
   const int64_t shares = flashtree_kernels::panel_shares(P, 8, M * N * K, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
-    const int64_t p0 = P * s0 / shares, p1 = P * s1 / shares;
+    const int64_t p0 = flashtree_kernels::share_start(P, s0, shares), p1 = flashtree_kernels::share_start(P, s1, shares);
     if (amx)
       amx_rows(xpairs.data(), K2, M, Mp, w + p0 * ps, p1 - p0, yp + p0 * kW, N, b ? b + p0 * kW : nullptr, N - p0 * kW);
     else

@@ -23,6 +23,9 @@ inline int64_t panel_shares(int64_t P, int64_t G, int64_t macs, int64_t threads)
   return std::clamp<int64_t>((P + G - 1) / G, 1, threads);
 }
 
+// The first panel of share t of n (share_start(P, n, n) = P: the end of the last).
+inline int64_t share_start(int64_t P, int64_t t, int64_t n) { return P * t / n; }
+
 // exp(x) on 8 lanes (Cephes expf): 2^n e^r with n = round(x log2 e), r = x - n ln 2 (in two
 // parts), e^r by a degree-6 polynomial (relative error ~1e-7). Below -87.34, where float32's
 // normal range ends, it is 0 (-inf included); x is clamped at 88.38 above. NaN lanes are not
