@@ -131,6 +131,59 @@ def test_round_costs_follow_every_record():
     assert c.round_cost(1, 1) == pytest.approx(1.5e-3)
 
 
+def test_seeded_widths_no_round_measures_follow_the_drift_of_those_rounds_do():
+    """A table seeded while the machine ran 1.5x slower than it does for the rounds: the widths
+    the rounds use converge to their own costs, and the seeded widths they never use follow
+    the same drift (seed x drift), so the choice between narrow and wide trees reads one machine.
+    A round at an unseeded width drifts against the seeds' line; other batches are untouched."""
+    c = CostTable()
+    seeds = {1: 15e-3, 2: 16.5e-3, 4: 18e-3, 8: 24e-3, 16: 36e-3}
+    for t, s in seeds.items():
+        c.seed_verify(1, t, s)
+    c.seed_verify(4, 1, 30e-3)
+    assert c.verify(1, 8) == pytest.approx(24e-3) and c.drift == {}
+    for _ in range(60):                     # rounds at widths 1 and 4 only, 1.5x faster than seeded
+        c.record_verify(1, 1, 10e-3)
+        c.record_verify(1, 4, 12e-3)
+    assert c.drift[1] == pytest.approx(1 / 1.5, rel=1e-3)   # a ratio to the seeds: measured in turn, not compounded
+    assert c.verify(1, 1) == pytest.approx(10e-3, rel=1e-3) and c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3)
+    assert c.verify(1, 8) == pytest.approx(16e-3, rel=1e-3) and c.verify(1, 16) == pytest.approx(24e-3, rel=1e-3)
+    assert c.verify(1, 2) == pytest.approx(11e-3, rel=1e-3)  # seeded, never a round's width: follows too
+    assert c.verify(4, 1) == 30e-3 and 4 not in c.drift     # another batch: its own seeds, its own rounds
+    c.record_verify(1, 8, 20e-3)             # a round at a width now: an EMA from where the drift left it
+    assert c.verify(1, 8) == pytest.approx(0.8 * 16e-3 + 0.2 * 20e-3, rel=1e-3)
+    c.record_verify(1, 6, 14e-3)             # unseeded width: against the seeds' line (21 ms there)
+    assert c.drift[1] == pytest.approx(0.8 * (0.8 / 1.5 + 0.2 * 20 / 24) + 0.2 * 14 / 21, rel=1e-3)
+    c.seed_verify(1, 4, 99e-3)               # a late seed never overwrites a width a round measured
+    assert c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3)
+
+
+def test_a_stale_seed_no_longer_shrinks_auto_trees():
+    """The choice itself: seeded 1.5x slow and refreshed only at the narrow widths in use, the
+    table without the drift would price a wide tree at its stale seed and choose a narrower one
+    than the same machine's true costs choose; with the drift it chooses as the true costs do."""
+    true = {1: 10e-3, 2: 11e-3, 4: 12e-3, 8: 16e-3, 16: 24e-3}
+    curve = [[0.9, 1.7, 2.4, 3.0, 3.5, 3.9, 4.2, 4.45, 4.65, 4.8, 4.9, 5.0, 5.05, 5.1, 5.12, 5.14]]
+    exact = CostTable()
+    for t, s in true.items():
+        exact.record_verify(1, t, s)
+    drifting = CostTable()
+    for t, s in true.items():
+        drifting.seed_verify(1, t, 1.5 * s)
+    for _ in range(60):
+        for t in (1, 4):
+            drifting.record_verify(1, t, true[t])
+    best = choose_tokens(curve, exact, 1, 2e-3)
+    assert best > 5 and choose_tokens(curve, drifting, 1, 2e-3) == best
+    stale = CostTable()                      # the same history with the seeds kept as they were
+    for t, s in true.items():
+        stale.record_verify(1, t, 1.5 * s)
+    for _ in range(60):
+        for t in (1, 4):
+            stale.record_verify(1, t, true[t])
+    assert choose_tokens(curve, stale, 1, 2e-3) < best
+
+
 def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
     """n-gram chains need no drafter pass: rounds in which only they drafted record no drafter
     cost (counted as a pass, their lookups' ~0.2 ms went into the table as the pass's cost, and

@@ -299,11 +299,11 @@ def test_a_failing_cost_measurement_fails_no_request(pair, caplog):
     class FirstRecordFails(CostTable):
         failures = 0
 
-        def record_verify(self, batch, tokens, secs):
-            if not FirstRecordFails.failures:  # the first record is the seeder's, before any round
+        def seed_verify(self, batch, tokens, secs):
+            if not FirstRecordFails.failures:
                 FirstRecordFails.failures += 1
                 raise RuntimeError("injected failure in a cost measurement")
-            super().record_verify(batch, tokens, secs)
+            super().seed_verify(batch, tokens, secs)
 
     tokenizer = Tokenizer(pair[0])
     prompts = [tokenizer.encode(p) for p in ("t1 t2", "t7 t8 t9")]

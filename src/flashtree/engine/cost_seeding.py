@@ -97,7 +97,7 @@ class CostSeeder:
     def _record(self, probe: Probe) -> None:
         secs = statistics.median(probe.times[1:])  # (np.median's first call imports modules: 15 ms mid-stream)
         if probe.kind == "verify":
-            self.costs.record_verify(probe.batch, probe.tokens, secs)
+            self.costs.seed_verify(probe.batch, probe.tokens, secs)
         else:
             self.costs.record_draft(probe.batch, secs)
 

@@ -362,7 +362,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
     block_size = llm.engine.limits.default_block_size
     loaded_compiled = llm.engine.runner.compiled  # the mode of configs without one
     context = int(median([len(p) for p in prompt_ids])) + base.max_tokens // 2  # mid-generation
-    cells, peer_rows, chi_square = [], [], {}
+    cells, peer_rows, chi_square, auto_costs = [], [], {}, []
     for temp in plan.temperatures:
         params = [replace(base, temperature=temp, seed=(base.seed or 0) + i) for i in range(len(prompt_ids))]
         for conc in plan.concurrency:
@@ -395,6 +395,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                 costs[mode] = component_costs(llm, {cfg: mean_tau(ps) for cfg, ps in runs.items()
                                                     if cfg.compiled == mode}, conc, context)
             group = summarize_group(runs, temp, conc, block_size, group_peers, costs)
+            auto_costs.append({"temperature": temp, "concurrency": conc, **cost_table_snapshot(llm.engine.adaptive.costs)})
             if plan.exact_samples:
                 for cell, cfg in zip(group, runs):
                     if temp == 0:
@@ -407,7 +408,16 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                         cell["exact"] = with_seeded_identity(chi_square[cfg, temp],
                                                              token_identity(runs, cfg, "seeded identity"))
             cells += group
-    return {"cells": cells, "peers": peer_rows}
+    return {"cells": cells, "peers": peer_rows, "auto_costs": auto_costs}
+
+
+def cost_table_snapshot(costs) -> dict:
+    """Auto's cost table as the group left it (JSON): verify ms by "batch x tokens", its drift
+    against the seeds by batch, and the drafter pass ms by batch — to read beside the isolated
+    component costs the report times after the group."""
+    return {"verify_ms": {f"{b}x{t}": round(s * 1e3, 3) for (b, t), s in sorted(costs.verify_s.items())},
+            "drift": {str(b): round(d, 3) for b, d in sorted(costs.drift.items())},
+            "draft_ms": {str(b): round(s * 1e3, 3) for b, s in sorted(costs.draft_s.items())}}
 
 
 # ---------------------------------------------------------------------------- exactness

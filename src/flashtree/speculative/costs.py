@@ -4,7 +4,10 @@
 context row it must first catch up on), of the verify forward by (batch size, tokens per
 sequence), of the sampling walk and of the rest of a round by batch size; seeded by timing real
 forwards on free cache slots (`engine/cost_seeding.py`) and refreshed online from the engine's
-typed per-round phase times (`RoundTimes`, an EMA). No hand-written constants.
+typed per-round phase times (`RoundTimes`, an EMA). A seeded verify width no round has measured
+yet follows the drift its batch's measured widths show against their own seeds (`drift`): the
+machine that seeded the table may have been slower or faster than the one the rounds run on, and a
+stale width would bias the choice towards or away from it. No hand-written constants.
 `token_rates` / `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding)
 maximising expected committed tokens / (drafter cost + round cost at T), given E[tau | N] curves
 (`calibration.py`). This module does not decide whether to draft (`adaptive.py`) or time anything.
@@ -63,7 +66,11 @@ class CostTable:
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
+    drift: dict[int, float] = field(default_factory=dict)  # batch -> EMA of (a round's verify seconds /
+                                                           # the seeded seconds at its width, interpolated)
     learn: bool = True
+    _seeds: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)  # verify seconds as seeded
+    _rounds: set[tuple[int, int]] = field(default_factory=set, repr=False)  # verify shapes measured by a round
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
     _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
     _passes_seen: set[int] = field(default_factory=set, repr=False)  # batch sizes whose first pass went unrecorded
@@ -77,9 +84,31 @@ class CostTable:
         table[key] = secs if old is None else (1 - COST_EMA) * old + COST_EMA * secs
         self._curves.clear()
 
+    def seed_verify(self, batch: int, tokens: int, secs: float) -> None:
+        """A verify forward timed apart from any round (`CostSeeder`): the entry, unless a round
+        has measured that shape already, and the level the batch's drift is measured against."""
+        self._seeds[batch, tokens] = secs
+        if (batch, tokens) not in self._rounds:
+            self.verify_s[batch, tokens] = secs * self.drift.get(batch, 1.0)
+            self._curves.clear()
+            self._by_batch = None
+
     def record_verify(self, batch: int, tokens: int, secs: float) -> None:
+        """A round's verify forward: its shape's EMA; and, where the batch was seeded, the drift
+        (this forward against the seeded cost of its width), which every seeded width no round has
+        measured then follows: seeded seconds x drift. (A ratio to the fixed seeds, so widths
+        measured in turn do not compound it.)"""
         self._ema(self.verify_s, (batch, tokens), secs)
+        self._rounds.add((batch, tokens))
         self._by_batch = None
+        seeds = {t: s for (b, t), s in self._seeds.items() if b == batch}
+        if not seeds:
+            return
+        ratio = secs / line(seeds, [tokens])[0]  # (from 1: a first round alone does not set it)
+        self.drift[batch] = (1 - COST_EMA) * self.drift.get(batch, 1.0) + COST_EMA * ratio
+        for t, s in seeds.items():
+            if (batch, t) not in self._rounds:
+                self.verify_s[batch, t] = s * self.drift[batch]
 
     def record_draft(self, batch: int, secs: float) -> None:
         self._ema(self.draft_s, batch, secs)
