@@ -101,7 +101,7 @@ def test_precompile_single_builds_what_one_sequence_runs_and_batches_compile_on_
     from flashtree import LLM, SamplingParams
     from flashtree.errors import UserError
     from helpers import repetitive_prompts
-    with pytest.raises(UserError, match="precompile must be one of 'single', 'all', got 'some'"):
+    with pytest.raises(UserError, match="precompile must be one of 'single', 'all', 'background', got 'some'"):
         LLM(*tiny_pair, precompile="some")
     with caplog.at_level(logging.INFO, logger="flashtree.engine"):
         llm = LLM(*tiny_pair, method="dflash", compile=True, precompile="single", max_batch_size=4)
@@ -154,6 +154,85 @@ def test_precompile_all_compiles_half_of_the_graphs_in_a_helper_process(tiny_pai
     with caplog.at_level(logging.INFO, logger="flashtree.engine"):
         again = LLM(*tiny_pair, method="dflash", compile=True, precompile="all", max_batch_size=4)
     assert not any("helper" in r.getMessage() for r in caplog.records)
+    assert len(again.engine.runner.built_graphs()) == 6
+
+
+class Held:
+    """A background helper that has not finished until told (the seam Engine.warmup starts)."""
+
+    def __init__(self):
+        self.buckets, self.finished, self.stopped = None, False, False
+
+    def start(self, buckets):
+        self.buckets = buckets
+        return self
+
+    def done(self):
+        return self.finished
+
+    def stop(self):
+        self.stopped = self.finished = True
+
+
+def test_deferred_batch_graphs_run_eager_and_a_close_stops_their_helper(tiny_pair, cache, caplog):
+    """Engine.warmup(background=...): the batch graphs not on disk go to the helper it starts;
+    until the helper is done, batches run eager (no batch package built or compiled here, output
+    of every method equal to plain decoding's), one sequence through its graphs; closing the LLM
+    stops the helper and ends the deferral."""
+    import logging
+
+    from flashtree import LLM, SamplingParams
+    from helpers import repetitive_prompts
+    llm = LLM(*tiny_pair, method="dflash", compile=True, precompile="single", max_batch_size=4)
+    runner, held = llm.engine.runner, Held()
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        llm.engine.warmup(batched=False, background=held.start)
+    assert sorted(b[:2] for b in held.buckets) == [("drafter", 3), ("target", 3), ("target", 3)]
+    assert runner.deferred is held and "batches run eager until the helper has compiled their 3 graphs" in caplog.text
+    one_sequence = sorted(runner.built_graphs(), key=str)
+    prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
+        for method in ("dflash", "ddtree"):
+            assert [o.token_ids for o in llm.generate(prompts, params, method=method)] == ar, method
+    assert "compiling the" not in caplog.text and sorted(runner.built_graphs(), key=str) == one_sequence
+    assert runner.shapes["target", 3, 1] and runner.shapes["drafter", 3, 8]  # batches ran, eager
+    llm.close()
+    assert held.stopped and runner.deferred is None
+
+
+def test_precompile_background_loads_the_helpers_graphs_once_written(tiny_pair, cache, caplog):
+    """LLM(precompile="background") on an empty cache returns after the one-sequence graphs, a
+    helper compiling the batch graphs at a lower priority; batches decode eager meanwhile, and once
+    the helper has written the packages the next batch loads them (compiles none here): six graphs,
+    output through them equal to plain decoding's. On a warm cache no helper starts."""
+    import logging
+
+    from flashtree import LLM, SamplingParams
+    from flashtree.engine import compile_helper
+    from helpers import repetitive_prompts
+    if compile_helper.cores() < 2:
+        pytest.skip("one core: the load compiles every graph itself")
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        llm = LLM(*tiny_pair, method="dflash", compile=True, precompile="background", max_batch_size=4)
+    runner = llm.engine.runner
+    assert "batches run eager until the helper has compiled their 3 graphs" in caplog.text
+    assert runner.deferred is not None and len(runner.built_graphs()) == 3
+    prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = [o.token_ids for o in llm.generate(prompts, params, method="dflash")]
+    assert runner.deferred.process.wait(timeout=600) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        ar = [o.token_ids for o in llm.generate(prompts, params, method="ar")]
+        assert [o.token_ids for o in llm.generate(prompts, params, method="dflash")] == ar
+    assert "compiling the" not in caplog.text and runner.deferred is None
+    assert len(runner.built_graphs()) == 6 and len(list(cache.glob("*.pt2"))) == 6
+    assert [len(t) for t in eager] == [12] * 3  # (decoded eager, or partly through packages as they landed)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flashtree.engine"):
+        again = LLM(*tiny_pair, method="dflash", compile=True, precompile="background", max_batch_size=4)
+    assert "helper" not in caplog.text and again.engine.runner.deferred is None
     assert len(again.engine.runner.built_graphs()) == 6
 
 

@@ -107,12 +107,16 @@ class LLM:
                              decode=self.tokenizer.decode)
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
-        helper = None
+        helper = background = None
         if self._ranks is None:  # about half of the graphs compile in a helper process meanwhile
-            helper = compile_helper.start(compile_helper.Rebuild(
+            rebuild = compile_helper.Rebuild(
                 str(self.model_path), str(self.draft_path) if self.draft_path else None,
-                str(self.engine.dtype).removeprefix("torch."), config, torch.get_num_threads()))
-        self.engine.warmup(progress=sys.stderr.isatty(), batched=self.precompile == "all", helper=helper)
+                str(self.engine.dtype).removeprefix("torch."), config, torch.get_num_threads())
+            helper = compile_helper.start(rebuild)
+            if self.precompile == "background":
+                background = compile_helper.start(rebuild, nice=compile_helper.BACKGROUND_NICE)
+        batched = self.precompile == "all" or (self.precompile == "background" and background is None)
+        self.engine.warmup(progress=sys.stderr.isatty(), batched=batched, helper=helper, background=background)
         freeze_heap(self)
 
     def _tensor_parallel(self, size, config: EngineConfig, dtype, device):
@@ -142,10 +146,14 @@ class LLM:
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks and leave their process group, so another
-        tensor-parallel LLM can start in this process. Idempotent; a no-op without tensor
-        parallelism (the LLM keeps working); `with LLM(...) as llm:` closes on leaving."""
+        tensor-parallel LLM can start in this process, and a helper still compiling graphs in the
+        background (batches then compile theirs at first use). Idempotent; without either a no-op
+        (the LLM keeps working); `with LLM(...) as llm:` closes on leaving."""
         if self._ranks is not None:
             self._ranks.close()
+        engine = getattr(self, "engine", None)  # (a load that failed before its engine)
+        if engine is not None:
+            engine.runner.stop_deferred()
 
     def __enter__(self) -> LLM:
         return self

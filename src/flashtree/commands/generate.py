@@ -43,7 +43,8 @@ def add_model_arguments(p) -> None:
                         "--no-compile runs eager PyTorch")
     p.add_argument("--precompile", choices=PRECOMPILE, default=None,
                    help="compiled graphs built at load: single (what one sequence runs; batch graphs compile on "
-                        "first use) or all (default: all for serve and bench, single otherwise)")
+                        "first use), all, or background (single, then the batch graphs in a helper process while "
+                        "batches run eager) (default: background for serve, all for bench, single otherwise)")
     p.add_argument("--kv-cache-tokens", type=int, default=None,
                    help="paged KV cache capacity in tokens (default: --max-batch-size sequences at the full context)")
     p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")

@@ -79,7 +79,7 @@ def run(args, llm=None) -> int:
     else:
         allowed = LOOPBACK_NAMES + [args.host] if args.host in LOOPBACK_NAMES else None
     if llm is None:
-        llm = load_llm(args, precompile="all", max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
+        llm = load_llm(args, precompile="background", max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
                        max_queue=args.max_queue)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "flashtree")
     exit_code = 0

@@ -10,6 +10,10 @@ builds an engine with the same config and so the same graph keys, compiles its b
 package cache and exits. The loading process then loads them from the cache. A helper that fails
 costs nothing but time: whatever it left uncompiled, the loading process compiles itself.
 
+A load may also leave graphs to a helper outright (`LLM(precompile="background")`, a server's
+default): it starts a helper at a lower priority for the batch graphs and returns; the model runner
+runs those shapes eager until the helper has written their packages (`ModelRunner.defer`).
+
 It does not choose buckets (Engine.warmup does) and holds no engine of the loading process.
 """
 from __future__ import annotations
@@ -65,10 +69,13 @@ def split(buckets: list[Bucket]) -> tuple[list[Bucket], list[Bucket]]:
     return mine, theirs
 
 
-class Helper:
-    """One helper process compiling `buckets`; `wait()` joins it."""
+BACKGROUND_NICE = 10  # a background helper's niceness: requests being served keep the cores first
 
-    def __init__(self, rebuild: Rebuild, buckets: list[Bucket]):
+
+class Helper:
+    """One helper process compiling `buckets` (at niceness `nice`); `wait()` joins it."""
+
+    def __init__(self, rebuild: Rebuild, buckets: list[Bucket], nice: int = 0):
         package_root = str(Path(__file__).resolve().parents[2])  # where `flashtree` imports from here
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -76,14 +83,23 @@ class Helper:
         self.process = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, env=env)
         try:
-            self.process.stdin.write(pickle.dumps((rebuild, buckets)))
+            self.process.stdin.write(pickle.dumps((rebuild, buckets, nice)))
             self.process.stdin.close()
         except OSError:  # it died at once: wait() reports its exit status
             pass
         log.info("compiling %d graphs in a helper process (pid %d)", len(buckets), self.process.pid)
 
+    def done(self) -> bool:
+        """Whether the helper has exited (without waiting); a failure is logged once, here or in wait()."""
+        if self.process.poll() is None:
+            return False
+        self.wait()
+        return True
+
     def wait(self) -> None:
         """Join the helper (what it left uncompiled, the loader's warmup compiles)."""
+        if self.process.returncode is not None:
+            return
         code = self.process.wait()
         if code != 0:
             log.warning("the compile helper exited with %s; its graphs compile in this process", code)
@@ -94,15 +110,16 @@ class Helper:
         self.process.wait()
 
 
-def start(rebuild: Rebuild):
-    """A starter for Engine.warmup: hands buckets to a new helper (None if it cannot start); no
-    starter on a single core (two compiles would share it) or with FLASHTREE_COMPILE_HELPER off."""
+def start(rebuild: Rebuild, nice: int = 0):
+    """A starter for Engine.warmup: hands buckets to a new helper at niceness `nice` (None if it
+    cannot start); no starter on a single core (two compiles would share it) or with
+    FLASHTREE_COMPILE_HELPER off."""
     if cores() < 2 or switches.is_off("FLASHTREE_COMPILE_HELPER"):
         return None
 
     def begin(buckets: list[Bucket]) -> Helper | None:
         try:
-            return Helper(rebuild, buckets)
+            return Helper(rebuild, buckets, nice)
         except Exception:  # noqa: BLE001 -- no helper (no interpreter to start, say): compile here
             log.warning("no compile helper could start; every graph compiles in this process", exc_info=True)
             return None
@@ -122,5 +139,8 @@ def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
 
 
 def main() -> None:
-    """The helper process's entry point: a pickled (Rebuild, buckets) on stdin."""
-    _compile(*pickle.loads(sys.stdin.buffer.read()))
+    """The helper process's entry point: a pickled (Rebuild, buckets, niceness) on stdin."""
+    rebuild, buckets, nice = pickle.loads(sys.stdin.buffer.read())
+    if nice:
+        os.nice(nice)
+    _compile(rebuild, buckets)

@@ -147,12 +147,14 @@ class Engine:
         self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
         self.batch_graphs_built = True  # False: a batch's compiled graphs are built when a batch first runs
 
-    def warmup(self, progress: bool = False, batched: bool = True, helper=None) -> None:
+    def warmup(self, progress: bool = False, batched: bool = True, helper=None, background=None) -> None:
         """Compile the runner's graphs now (no-op when eager), for this engine's shapes: all of them,
         or (batched=False) the ones a single sequence runs; a graph not compiled here compiles the
         first time a step needs it. `helper` (compile_helper.start): the graphs found on disk load
         now, and a helper process compiles about half of the others (compile_helper.split)
-        meanwhile; they load from the cache after."""
+        meanwhile; they load from the cache after. `background` (a starter too, batched=False):
+        the batch graphs not on disk compile in a helper started now, and batches run eager until
+        it has written them (ModelRunner.defer); with no helper to start they compile now."""
         if not self.runner.compiled:
             return
         lim = self.limits
@@ -161,6 +163,22 @@ class Engine:
         self.batch_graphs_built = batched or not self.runner.aot
         batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
+        self._compile(buckets, progress, helper)
+        if background is None or self.batch_graphs_built or self.config.max_batch_size == 1:
+            return
+        rest = [b for b in self.runner.buckets(self.config.max_batch_size, tokens, lim.default_block_size)
+                if b not in buckets]
+        missing = self.runner.uncached(rest)  # (the ones on disk load now)
+        running = background(missing) if missing else None
+        if running is not None:
+            self.runner.defer(running)
+            log.info("batches run eager until the helper has compiled their %d graphs", len(missing))
+        else:
+            self._compile(missing, progress, None)
+            self.batch_graphs_built = True
+
+    def _compile(self, buckets: list, progress: bool, helper) -> None:
+        """Compile (or load) `buckets`, about half in a helper process where `helper` starts one."""
         mine, theirs = buckets, []
         if helper is not None and self.runner.aot:  # only AOT packages are shared through the disk
             mine, theirs = compile_helper.split(self.runner.uncached(buckets))

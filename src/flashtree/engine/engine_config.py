@@ -20,8 +20,11 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # prompt rows prefilled per step (padding 
 DEFAULT_PREFILL_STALL = 2.0  # a stream's longest gap: its round + a paced prefill, ~3-4x its median
 # LLM(precompile=): which compiled graphs are built at load. "single": the ones one sequence runs
 # (a first chat answers after them); graphs for batches compile the first time a batch runs.
-# "all": every graph the engine can run (a server, a benchmark: no compile inside a request).
-PRECOMPILE = ("single", "all")
+# "all": every graph the engine can run (a benchmark: no compile inside a request, no eager step).
+# "background" (a server's default): the single ones, then the batch graphs in a helper process
+# while the engine serves, batches running eager until their graphs are written (no compile
+# inside a request either; without a helper, as "all").
+PRECOMPILE = ("single", "all", "background")
 
 
 @dataclass(slots=True)

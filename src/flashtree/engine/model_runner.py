@@ -13,7 +13,8 @@ does the copies itself, with no op of its own run after it. That function runs e
   tokens per sequence and context lengths are dynamic and sizes 1 are specialised, so the graphs
   are the buckets (batch 1 | >1) x (tokens 1 | >1) for the target and (batch 1 | >1) for the
   drafter; the runner pads every other dynamic size to >= 2 so it never specialises on them.
-  `warmup()` compiles (or loads) all buckets up front.
+  `warmup()` compiles (or loads) all buckets up front; `defer()` leaves some to a helper process,
+  and runs them eager until their packages are on disk.
 - `compile="auto"`: on where it pays — CUDA, or a CPU with a C++ compiler for inductor — unless
   `FLASHTREE_COMPILE=0` is set in the environment (operators and the test suite use it to skip
   the warm-up).
@@ -164,6 +165,7 @@ class ModelRunner:
         if self.feature_layers:  # what the drafter reads: every target forward keeps its tokens' features
             self.features = FeatureCache(rows, len(self.feature_layers) * tc.hidden_size, self.dtype, self.device)
         self.broadcaster: Broadcaster | None = None  # tensor parallel, rank 0: the other ranks (attach)
+        self.deferred = None  # a compile_helper.Helper writing packages this runner runs eager meanwhile (defer)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
         self._arange = torch.arange(rows, device=self.device)  # cols of every forward are a prefix of it
         self.compiled = resolve_compile(compile, self.device)
@@ -270,7 +272,7 @@ class ModelRunner:
         args = self._inputs((tokens, 0, 1), (positions, 0, 1), (table, 0, 1), (lengths, 0),
                             (vis, 0, 1, 2), (cols, 0), (nodes, 0), (rows, 0, 1))
         kept = (self.features.data,) if self.features is not None else ()
-        return self._fns[self.compiled][0](*args, self.cache.k, self.cache.v, *kept)
+        return self._forward(0, *args, self.cache.k, self.cache.v, *kept)
 
     def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
                     slots: list[int], past_len: torch.Tensor, ctx_len: torch.Tensor, block_len: torch.Tensor
@@ -290,7 +292,44 @@ class ModelRunner:
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
                             (self._table(slots, S), 0, 1), (past_len, 0), (ctx_len, 0), (block_len, 0), (cols, 0),
                             (self._rows(slots, start, ctx.shape[1]), 0, 1))
-        return self._fns[self.compiled][1](*args, self.draft_cache.k, self.draft_cache.v)
+        return self._forward(1, *args, self.draft_cache.k, self.draft_cache.v)
+
+    def _forward(self, which: int, *args) -> torch.Tensor:
+        """The target's (0) or the drafter's (1) forward in the runner's mode. While a helper
+        compiles deferred graphs, a bucket whose package is not on disk yet runs eager (the
+        package loads at the first call after the helper wrote it); once the helper has exited,
+        a package it left unwritten compiles at its first call, as any graph not warmed up."""
+        fn, helper = self._fns[self.compiled][which], self.deferred  # (close() may end it from another thread)
+        if helper is not None and helper.done():  # (a poll: microseconds, only while deferred)
+            self._end_deferral()
+            helper = None
+            log.info("the background compile helper has finished: batches run compiled from now on")
+        if helper is None:
+            return fn(*args)
+        try:
+            return fn(*args)
+        except NotCached:
+            return self._fns[False][which](*args)
+
+    def defer(self, helper) -> None:
+        """Run the buckets `helper` (compile_helper.Helper) compiles eager until it writes them:
+        meanwhile a call of a bucket not on disk raises NotCached inside, answered eager."""
+        self.deferred = helper
+        for g in self._fns[True]:
+            if g is not None:
+                g.compile_missing = False
+
+    def _end_deferral(self) -> None:
+        self.deferred = None
+        for g in self._fns[True]:
+            if g is not None:
+                g.compile_missing = True
+
+    def stop_deferred(self) -> None:
+        """End a deferral now, stopping its helper (the process is closing)."""
+        if self.deferred is not None:
+            self.deferred.stop()
+            self._end_deferral()
 
     def features_of(self, slots: list[int], start: np.ndarray, n: int) -> torch.Tensor:
         """The kept drafter features of logical rows start[b] .. start[b]+n-1 of cache `slots` [B]:
@@ -388,7 +427,7 @@ class ModelRunner:
                     missing.append(bucket)
         finally:
             for g in graphs:
-                g.compile_missing = True
+                g.compile_missing = self.deferred is None
         return missing
 
     @torch.inference_mode()
