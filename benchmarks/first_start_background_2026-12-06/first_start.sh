@@ -14,9 +14,9 @@ uptime | tee $OUT/uptime.txt
 four_chats() {  # 4 concurrent 128-token greedy chats; prints the wall seconds of the slowest
   local t0=$(date +%s.%N)
   for i in 1 2 3 4; do
-    curl -sf localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "{\"model\": \"x\",
+    curl -s -o /dev/null -w '%{http_code}\n' localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "{\"model\": \"smollm2-135m-instruct\",
       \"messages\": [{\"role\": \"user\", \"content\": \"Write a Python function number $i that reverses a list.\"}],
-      \"max_tokens\": 128, \"temperature\": 0, \"ignore_eos\": true}" > /dev/null &
+      \"max_tokens\": 128, \"temperature\": 0, \"ignore_eos\": true}" >> $OUT/http_codes.txt &
   done
   wait
   echo "$(date +%s.%N) - $t0" | bc
@@ -32,12 +32,14 @@ for mode in background all; do
   echo "$mode: first start $(echo "$t1 - $t0" | bc) s to /health 200" | tee -a $OUT/load_times.txt
   if [ $mode = background ]; then
     echo "$mode: 4 concurrent chats right after /health: $(four_chats) s" | tee -a $OUT/load_times.txt
-    until grep -q "compile helper has finished" $OUT/serve_$mode.log; do sleep 1; kill -0 $pid 2>/dev/null || break
-      curl -sf localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{"model": "x",
+    for k in $(seq 600); do  # (at most 10 min)
+      grep -q "compile helper has finished" $OUT/serve_$mode.log && break
+      sleep 1; kill -0 $pid 2>/dev/null || break
+      curl -sf localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{"model": "smollm2-135m-instruct",
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}' > /dev/null
-      curl -sf localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{"model": "x",
+      curl -sf localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{"model": "smollm2-135m-instruct",
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}' > /dev/null &
-      wait
+      wait $!  # (not the server)
     done
     t2=$(date +%s.%N)
     echo "$mode: helper finished $(echo "$t2 - $t0" | bc) s after launch" | tee -a $OUT/load_times.txt
