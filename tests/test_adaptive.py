@@ -156,6 +156,10 @@ def test_seeded_widths_no_round_measures_follow_the_drift_of_those_rounds_do():
     assert c.drift[1] == pytest.approx(0.8 * (0.8 / 1.5 + 0.2 * 20 / 24) + 0.2 * 14 / 21, rel=1e-3)
     c.seed_verify(1, 4, 99e-3)               # a late seed never overwrites a width a round measured
     assert c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3)
+    c.record_draft(1, 2e-3)
+    c.seed_draft(1, 9e-3)                    # nor a drafter pass a round measured; an unmeasured batch's it sets
+    c.seed_draft(4, 5e-3)
+    assert c.draft_s == {1: 2e-3, 4: 5e-3}
 
 
 def test_a_stale_seed_no_longer_shrinks_auto_trees():
@@ -197,7 +201,8 @@ def test_a_round_of_ngram_chains_alone_is_no_drafter_pass(models):
     while eng.has_work():
         eng.step()
     assert sum(t > 1 for s in seqs for t in s.metrics.accept_lengths) > 5  # chains drafted and accepted
-    assert len(costs.verify_s) > 5 and costs.draft_s == {4: 2e-3}  # rounds timed; no drafter pass among them
+    assert len(costs.verify_s) > 5 and costs.draft_s[4] == 2e-3  # rounds timed; no drafter pass among them
+                                                                  # (the seeder's passes set other batch sizes)
 
 
 def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_cost(models):
@@ -887,6 +892,25 @@ def test_cost_seeding_never_runs_more_than_one_forward_a_step_while_others_decod
     s = idle.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     idle.step()
     assert idle.seeder.done and s.metrics.rounds == 1           # all at once: no stream to stall
+
+
+def test_an_auto_request_after_fixed_budget_rounds_still_seeds_what_they_did_not_measure(models):
+    """Fixed-budget ddtree rounds measure their own width and the drafter pass; an auto request
+    arriving after them still gets the seeding (the widths those rounds never ran, and the
+    baseline its drift reads), and no seed replaces what a round measured."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget=4, max_batch_size=4, max_model_len=160))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    eng.add_request(list(range(1, 30)), greedy)
+    while eng.has_work():
+        eng.step()
+    costs = eng.adaptive.costs
+    assert eng.seeder is None and set(costs.verify_s) <= {(1, 1), (1, 5)} and list(costs.draft_s) == [1]
+    auto = eng.add_request(list(range(1, 30)), greedy, budget="auto")
+    eng.step()
+    assert eng.seeder is not None and eng.seeder.done and auto.metrics.rounds == 1
+    assert {(1, t) for t in (2, 4, 8, 16)} <= set(costs.verify_s) and len(costs.draft_s) == 2  # seeded
+    assert 1 in costs.drift  # auto's round read against the seeds
 
 
 def test_the_probe_clock_rules_are_pure_functions_of_outcomes_and_costs():

@@ -99,7 +99,7 @@ class CostSeeder:
         if probe.kind == "verify":
             self.costs.seed_verify(probe.batch, probe.tokens, secs)
         else:
-            self.costs.record_draft(probe.batch, secs)
+            self.costs.seed_draft(probe.batch, secs)
 
     def _call(self, probe: Probe) -> float:
         """Seconds of one call of `probe` on `probe.batch` free slots (given back after)."""

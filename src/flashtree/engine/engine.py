@@ -391,10 +391,12 @@ class Engine:
     def _seed_costs(self, prefilling: bool) -> None:
         """Once the first sequence that uses costs is in: time real forwards for auto's cost table
         on free slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one
-        forward a step in steps that prefill nothing, so the streams decoding never wait long on it."""
+        forward a step in steps that prefill nothing, so the streams decoding never wait long on it.
+        Also after fixed-budget rounds filled some of the table: a seed never replaces what a round
+        measured, and the widths no round ran get one."""
         costs = self.adaptive.costs
         if self.seeder is None:
-            if not costs.learn or costs.draft_s or not any(self._uses_costs(s) for s in self.running):
+            if not costs.learn or not any(self._uses_costs(s) for s in self.running):
                 return
             self.seeder = CostSeeder(self, costs)
         if self.seeder.done:

@@ -113,6 +113,12 @@ class CostTable:
     def record_draft(self, batch: int, secs: float) -> None:
         self._ema(self.draft_s, batch, secs)
 
+    def seed_draft(self, batch: int, secs: float) -> None:
+        """A drafter pass timed apart from any round (`CostSeeder`): the entry, unless a round has
+        measured that batch size already."""
+        if batch not in self.draft_s:
+            self.draft_s[batch] = secs
+
     def record_overhead(self, batch: int, tokens: int, secs: float) -> None:
         self._ema(self.overhead_s, (batch, tokens > 1), secs)
 
