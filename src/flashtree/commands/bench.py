@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..engine.engine_config import DEFAULT_MAX_BATCH_SIZE
 from ..speculative.proposer import METHODS, needs_drafter
 from ..errors import UserError
 from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
@@ -184,7 +185,9 @@ def run(args) -> int:
     args.topk = None  # caps are per pass (--topks)
     if getattr(args, "draft_len", None) is None:  # ngram copies as many tokens as the prompt-lookup peer
         args.draft_len = args.prompt_lookup_tokens
-    llm = load_llm(args, precompile="all", max_batch_size=max(plan.concurrency))
+    # the engine users get (its default slots, each pass limited to its concurrency): at C=1 on one
+    # slot auto's cost table could never be seeded (the seeder times forwards on free slots)
+    llm = load_llm(args, precompile="all", max_batch_size=max(plan.concurrency + [DEFAULT_MAX_BATCH_SIZE]))
     prompt_ids = [llm.tokenizer.encode_chat(p) if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]
     peers = pe.load_peers(choice, llm, prompt_ids, base.max_tokens, args.prompt_lookup_tokens, llama_cpp)
 

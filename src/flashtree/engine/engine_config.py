@@ -12,6 +12,7 @@ from ..speculative.limits import AUTO
 from ..speculative.proposer import METHODS
 
 MAX_BUDGET = 512
+DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_BUDGET = AUTO  # ddtree and hybrid: a seeded sampled run still repeats exactly whatever the choices
                        # (each output position has its own uniform: sampling.Uniforms)
 AUTO_MAX_BUDGET = 32  # the largest tree an auto round drafts (it verifies a best-first prefix of it)
@@ -33,7 +34,7 @@ class EngineConfig:
     budget: int | str | None = None  # ddtree nodes per round, or "auto" (chosen each round); None = DEFAULT_BUDGET
     topk: int | None = None          # most children per ddtree node (1 = a chain); None = no cap
     block_size: int | None = None    # None = the drafter's block size
-    max_batch_size: int = 8
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_model_len: int | None = None  # None = the target's max_position_embeddings
     max_queue: int = 1024
     max_budget: int = 256            # the largest per-request ddtree budget (sizes the cache slack)
