@@ -189,6 +189,7 @@ def test_deferred_batch_graphs_run_eager_and_a_close_stops_their_helper(tiny_pai
         llm.engine.warmup(batched=False, background=held.start)
     assert sorted(b[:2] for b in held.buckets) == [("drafter", 3), ("target", 3), ("target", 3)]
     assert runner.deferred is held and "batches run eager until the helper has compiled their 3 graphs" in caplog.text
+    assert runner.compiling()  # (what a server's /health reports as graphs_compiling)
     one_sequence = sorted(runner.built_graphs(), key=str)
     prompts, params = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     caplog.clear()
@@ -199,7 +200,7 @@ def test_deferred_batch_graphs_run_eager_and_a_close_stops_their_helper(tiny_pai
     assert "compiling the" not in caplog.text and sorted(runner.built_graphs(), key=str) == one_sequence
     assert runner.shapes["target", 3, 1] and runner.shapes["drafter", 3, 8]  # batches ran, eager
     llm.close()
-    assert held.stopped and runner.deferred is None
+    assert held.stopped and runner.deferred is None and not runner.compiling()
 
 
 def test_precompile_background_loads_the_helpers_graphs_once_written(tiny_pair, cache, caplog):

@@ -75,6 +75,7 @@ def test_models_health_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     health = httpx.get(server.base + "/health").json()
     assert health["status"] == "ok" and health["kv_cache_tokens"] > 0 and health["kv_pages_used"] == 0
+    assert health["graphs_compiling"] is False  # (eager: nothing compiles in the background)
     assert httpx.get(server.base + "/v1/models/tiny").json()["max_model_len"] == CONTEXT
     text = httpx.get(server.base + "/metrics").text
     for name in ("flashtree_spec_accepted_tokens_total", "flashtree_spec_rounds_total", "flashtree_queue_depth",

@@ -311,6 +311,11 @@ class ModelRunner:
         except NotCached:
             return self._fns[False][which](*args)
 
+    def compiling(self) -> bool:
+        """Whether a helper is still compiling deferred graphs (safe to ask from another thread)."""
+        helper = self.deferred
+        return helper is not None and not helper.done()
+
     def defer(self, helper) -> None:
         """Run the buckets `helper` (compile_helper.Helper) compiles eager until it writes them:
         meanwhile a call of a bucket not on disk raises NotCached inside, answered eager."""

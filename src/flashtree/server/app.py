@@ -487,7 +487,7 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
             return error(APIError(503, f"the engine loop is not running{why}", code="engine_dead"))
         if server.engine.draining:
             return error(APIError(503, SHUTTING_DOWN, code="shutting_down"))
-        return {"status": "ok", **server.engine.kv_usage()}
+        return {"status": "ok", **server.engine.kv_usage(), "graphs_compiling": server.engine.graphs_compiling()}
 
     @app.get("/metrics")
     async def metrics():

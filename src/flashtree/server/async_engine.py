@@ -178,6 +178,11 @@ class AsyncEngine:
         return {"kv_cache_tokens": b.capacity_tokens, "kv_page_size": b.page_size, "kv_pages_used": b.used,
                 "kv_pages_total": b.pages_total}
 
+    def graphs_compiling(self) -> bool:
+        """Whether batch graphs still compile in a background helper (batches run eager meanwhile),
+        as /health reports it."""
+        return self.engine.runner.compiling()
+
     async def submit(self, sub: Submission) -> Channel:
         """Queue the choices of one request; raises the engine's RequestError / QueueFullError,
         or ShuttingDown."""
