@@ -913,6 +913,17 @@ def test_an_auto_request_after_fixed_budget_rounds_still_seeds_what_they_did_not
     assert 1 in costs.drift  # auto's round read against the seeds
 
 
+def test_an_engine_with_one_slot_seeds_before_it_admits_the_first_auto_request(models):
+    """The seeder times forwards on free slots: an engine of one slot seeds while it is idle,
+    before the first auto request takes the slot (after, none would ever be free)."""
+    target, drafter = models
+    eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=1, max_model_len=160))
+    s = eng.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    eng.step()
+    assert eng.seeder.done and s.metrics.rounds == 1
+    assert {(1, t) for t in (1, 2, 4, 8, 16)} <= set(eng.adaptive.costs.verify_s) and 1 in eng.adaptive.costs.draft_s
+
+
 def test_the_probe_clock_rules_are_pure_functions_of_outcomes_and_costs():
     """The rules `settle`, `release` and a newcomer's start apply, each on its own numbers:
     a round that beats plain decoding resets the gap, a half-paid probe keeps it, any other

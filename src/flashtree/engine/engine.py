@@ -295,6 +295,8 @@ class Engine:
         t0 = time.perf_counter()
         self.round_times = RoundTimes()
         decoding = any(s.decoding and not s.finished for s in self.running)
+        if not self.running:  # idle: seed before admitting (with one slot, none is free after)
+            self._seed_costs(prefilling=False)
         plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
         self.stats.prefix_hit_tokens += plan.prefix_hit_tokens
         self.stats.preemptions += len(plan.preempted)
@@ -393,10 +395,11 @@ class Engine:
         on free slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one
         forward a step in steps that prefill nothing, so the streams decoding never wait long on it.
         Also after fixed-budget rounds filled some of the table: a seed never replaces what a round
-        measured, and the widths no round ran get one."""
+        measured, and the widths no round ran get one. A waiting sequence counts: an idle engine
+        seeds before it admits one."""
         costs = self.adaptive.costs
         if self.seeder is None:
-            if not costs.learn or not any(self._uses_costs(s) for s in self.running):
+            if not costs.learn or not any(self._uses_costs(s) for s in (*self.running, *self.waiting)):
                 return
             self.seeder = CostSeeder(self, costs)
         if self.seeder.done:
