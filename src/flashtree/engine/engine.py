@@ -399,7 +399,8 @@ class Engine:
         seeds before it admits one."""
         costs = self.adaptive.costs
         if self.seeder is None:
-            if not costs.learn or not any(self._uses_costs(s) for s in (*self.running, *self.waiting)):
+            # (the queue is read only while nothing runs: it may be long, and this runs every step)
+            if not costs.learn or not any(self._uses_costs(s) for s in self.running or self.waiting):
                 return
             self.seeder = CostSeeder(self, costs)
         if self.seeder.done:

@@ -5,9 +5,9 @@ context row it must first catch up on), of the verify forward by (batch size, to
 sequence), of the sampling walk and of the rest of a round by batch size; seeded by timing real
 forwards on free cache slots (`engine/cost_seeding.py`) and refreshed online from the engine's
 typed per-round phase times (`RoundTimes`, an EMA). A seeded verify width no round has measured
-yet follows the drift its batch's measured widths show against their own seeds (`drift`): the
-machine that seeded the table may have been slower or faster than the one the rounds run on, and a
-stale width would bias the choice towards or away from it. No hand-written constants.
+yet follows the drift its batch's measured widths show against their own seeds (`drift`): a seed
+runs over a short dummy context, on the machine as it was then, so a bare seed would price the
+widths the rounds do not use on other terms than those they do. No hand-written constants.
 `token_rates` / `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding)
 maximising expected committed tokens / (drafter cost + round cost at T), given E[tau | N] curves
 (`calibration.py`). This module does not decide whether to draft (`adaptive.py`) or time anything.
@@ -69,7 +69,7 @@ class CostTable:
     drift: dict[int, float] = field(default_factory=dict)  # batch -> EMA of (a round's verify seconds /
                                                            # the seeded seconds at its width, interpolated)
     learn: bool = True
-    _seeds: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)  # verify seconds as seeded
+    _seeds: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # batch -> {tokens: seeded secs}
     _rounds: set[tuple[int, int]] = field(default_factory=set, repr=False)  # verify shapes measured by a round
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
     _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
@@ -87,7 +87,7 @@ class CostTable:
     def seed_verify(self, batch: int, tokens: int, secs: float) -> None:
         """A verify forward timed apart from any round (`CostSeeder`): the entry, unless a round
         has measured that shape already, and the level the batch's drift is measured against."""
-        self._seeds[batch, tokens] = secs
+        self._seeds.setdefault(batch, {})[tokens] = secs
         if (batch, tokens) not in self._rounds:
             self.verify_s[batch, tokens] = secs * self.drift.get(batch, 1.0)
             self._curves.clear()
@@ -101,7 +101,7 @@ class CostTable:
         self._ema(self.verify_s, (batch, tokens), secs)
         self._rounds.add((batch, tokens))
         self._by_batch = None
-        seeds = {t: s for (b, t), s in self._seeds.items() if b == batch}
+        seeds = self._seeds.get(batch)
         if not seeds:
             return
         ratio = secs / line(seeds, [tokens])[0]  # (from 1: a first round alone does not set it)
