@@ -99,8 +99,10 @@ def test_cost_table_interpolates_and_extrapolates():
     assert c.verify(2, 4) == pytest.approx(4.0)              # unseen batch: batch 1 at the same total tokens
     c.record_verify(2, 1, 1.5)                               # one point at batch 2 sets its level
     assert c.verify(2, 4) == pytest.approx(4.0 * 1.5 / c.verify(1, 2))
-    c.record_verify(1, 1, 2.0)
-    assert c.verify(1, 1) == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)  # an EMA of measurements
+    c.record_verify(1, 1, 0.5)
+    assert c.verify(1, 1) == pytest.approx(0.8 * 1.0 + 0.2 * 0.5)  # an EMA of measurements
+    c.record_verify(1, 1, 9.0)                               # a spike counts as 1.25x the estimate
+    assert c.verify(1, 1) == pytest.approx(0.9 + 0.2 * 0.25 * 0.9)
     c.record_draft(1, 0.5)
     assert c.draft(4) == pytest.approx(2.0)                  # one point: proportional
     # an array of widths reads the same line as each width alone, on both sides of the points
@@ -121,8 +123,8 @@ def test_round_costs_follow_every_record():
     assert c.round_cost(1, 8) == pytest.approx(8e-3)
     assert np.allclose(c.round_cost(1, np.arange(1, 9)), 1e-3 * np.arange(1, 9))
     assert c.round_cost(1, 40) == pytest.approx(40e-3)      # wider than the curve so far: extended
-    c.record_verify(1, 8, 18e-3)                             # EMA: 0.8 * 8 + 0.2 * 18 = 10 ms
-    assert c.round_cost(1, 8) == pytest.approx(10e-3)
+    c.record_verify(1, 8, 9e-3)                              # EMA: 0.8 * 8 + 0.2 * 9 = 8.2 ms
+    assert c.round_cost(1, 8) == pytest.approx(8.2e-3)
     c.observe(1, 1, 0, RoundTimes(verify_forward=1e-3, verify_walk=0.2e-3), seconds=1.5e-3)  # a plain round
     assert c.round_cost(1, 1) == pytest.approx(1e-3 + 0.2e-3 + 0.3e-3)
     assert c.round_cost(1, 2) == pytest.approx(2e-3 + 0.2e-3 + 0.3e-3)  # until a wide round is measured
@@ -134,8 +136,8 @@ def test_round_costs_follow_every_record():
 def test_seeded_widths_no_round_measures_follow_the_drift_of_those_rounds_do():
     """A table seeded while the machine ran 1.5x slower than it does for the rounds: the widths
     the rounds use converge to their own costs, and the seeded widths they never use follow
-    the same drift (seed x drift), so the choice between narrow and wide trees reads one machine.
-    A round at an unseeded width drifts against the seeds' line; other batches are untouched."""
+    the same clock (seed x drift), so the choice between narrow and wide trees reads one machine.
+    Other batches are untouched; a late seed moves no width a round measured."""
     c = CostTable()
     seeds = {1: 15e-3, 2: 16.5e-3, 4: 18e-3, 8: 24e-3, 16: 36e-3}
     for t, s in seeds.items():
@@ -145,21 +147,46 @@ def test_seeded_widths_no_round_measures_follow_the_drift_of_those_rounds_do():
     for _ in range(60):                     # rounds at widths 1 and 4 only, 1.5x faster than seeded
         c.record_verify(1, 1, 10e-3)
         c.record_verify(1, 4, 12e-3)
-    assert c.drift[1] == pytest.approx(1 / 1.5, rel=1e-3)   # a ratio to the seeds: measured in turn, not compounded
+    assert c.drift[1] == pytest.approx(1 / 1.5, rel=1e-3)
     assert c.verify(1, 1) == pytest.approx(10e-3, rel=1e-3) and c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3)
     assert c.verify(1, 8) == pytest.approx(16e-3, rel=1e-3) and c.verify(1, 16) == pytest.approx(24e-3, rel=1e-3)
     assert c.verify(1, 2) == pytest.approx(11e-3, rel=1e-3)  # seeded, never a round's width: follows too
     assert c.verify(4, 1) == 30e-3 and 4 not in c.drift     # another batch: its own seeds, its own rounds
-    c.record_verify(1, 8, 20e-3)             # a round at a width now: an EMA from where the drift left it
-    assert c.verify(1, 8) == pytest.approx(0.8 * 16e-3 + 0.2 * 20e-3, rel=1e-3)
-    c.record_verify(1, 6, 14e-3)             # unseeded width: against the seeds' line (21 ms there)
-    assert c.drift[1] == pytest.approx(0.8 * (0.8 / 1.5 + 0.2 * 20 / 24) + 0.2 * 14 / 21, rel=1e-3)
-    c.seed_verify(1, 4, 99e-3)               # a late seed never overwrites a width a round measured
-    assert c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3)
+    c.seed_verify(1, 4, 99e-3)               # a late seed never moves a width a round measured
+    assert c.verify(1, 4) == pytest.approx(12e-3, rel=1e-3) and c.verify(1, 1) == pytest.approx(10e-3, rel=1e-3)
     c.record_draft(1, 2e-3)
     c.seed_draft(1, 9e-3)                    # nor a drafter pass a round measured; an unmeasured batch's it sets
     c.seed_draft(4, 5e-3)
     assert c.draft_s == {1: 2e-3, 4: 5e-3}
+
+
+def test_a_width_measured_long_ago_follows_the_machine_and_a_spike_barely_moves_it():
+    """Rounds at widths 4 and 8, then the machine slows 1.4x and only width 4 runs: width 8 is
+    priced on today's clock, not at what it cost then (a per-width EMA would keep it 29 % low).
+    One 3x spike moves a width by a few percent, and the rounds after it take that back."""
+    true = {1: 10e-3, 2: 11e-3, 4: 12e-3, 8: 16e-3, 16: 24e-3}
+    c = CostTable()
+    for t, s in true.items():
+        c.seed_verify(1, t, 1.5 * s)
+    for _ in range(60):
+        for t in (4, 8):
+            c.record_verify(1, t, true[t])
+    assert c.verify(1, 8) == pytest.approx(16e-3, rel=1e-2)
+    for _ in range(60):
+        c.record_verify(1, 4, 1.4 * true[4])
+    assert c.verify(1, 4) == pytest.approx(1.4 * 12e-3, rel=1e-2)
+    assert c.verify(1, 8) == pytest.approx(1.4 * 16e-3, rel=0.04)
+    assert c.verify(1, 16) == pytest.approx(1.4 * 24e-3, rel=0.04)
+    before = c.verify(1, 8)
+    c.record_verify(1, 8, 3 * before)        # another process took the core for one forward
+    assert 1.0 < c.verify(1, 8) / before < 1.08
+    for _ in range(30):
+        c.record_verify(1, 4, 1.4 * true[4])
+    assert c.verify(1, 8) == pytest.approx(1.4 * 16e-3, rel=0.04)
+    unseeded = CostTable()                   # without seeds, each width its own EMA: a spike, clipped
+    unseeded.record_verify(2, 8, 16e-3)
+    unseeded.record_verify(2, 8, 160e-3)
+    assert unseeded.verify(2, 8) == pytest.approx(16e-3 * (1 + 0.2 * 0.25))
 
 
 def test_a_stale_seed_no_longer_shrinks_auto_trees():

@@ -4,10 +4,14 @@
 context row it must first catch up on), of the verify forward by (batch size, tokens per
 sequence), of the sampling walk and of the rest of a round by batch size; seeded by timing real
 forwards on free cache slots (`engine/cost_seeding.py`) and refreshed online from the engine's
-typed per-round phase times (`RoundTimes`, an EMA). A seeded verify width no round has measured
-yet follows the drift its batch's measured widths show against their own seeds (`drift`): a seed
-runs over a short dummy context, on the machine as it was then, so a bare seed would price the
-widths the rounds do not use on other terms than those they do. No hand-written constants.
+typed per-round phase times (`RoundTimes`, an EMA). Once a batch size is seeded, its verify costs
+are the seeds' line x the batch's clock (`drift`: how the rounds run against the seeds, followed
+quickly, every round at any width moving it) x each width's own residual (learnt slowly from
+that width's rounds): the machine's speed moves every width at once, so a width measured
+minutes ago and one measured now are priced on the same clock, and a width's timing noise stays
+its own. A round moves an estimate up by at most `COST_SPIKE` of it: a forward runs slower, never
+faster, than its cost when another process or a cold call interrupts it. No hand-written constants
+of the machine.
 `token_rates` / `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding)
 maximising expected committed tokens / (drafter cost + round cost at T), given E[tau | N] curves
 (`calibration.py`). This module does not decide whether to draft (`adaptive.py`) or time anything.
@@ -15,6 +19,7 @@ maximising expected committed tokens / (drafter cost + round cost at T), given E
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +29,17 @@ if TYPE_CHECKING:
     from ..engine.round import RoundTimes
 
 COST_EMA = 0.2          # weight of a new measurement in the cost table
+RESIDUAL_EMA = 0.02     # weight of a round in its width's residual against the batch's clock: slow,
+                        # so that what every width shares (the machine's speed) goes to the clock
+COST_SPIKE = 1.25       # a measurement counts as at most this multiple of the estimate it moves
+
+
+def eased(old: float, new: float, rate: float = COST_EMA) -> float:
+    """`old` moved `rate` of the way to `new`, with `new` clipped at COST_SPIKE x old: timing
+    noise is one-sided (an interrupted forward takes longer, none runs faster than its cost), so
+    one spike moves the estimate 5 % instead of 20 % of the spike; a real slowdown of 40 % is
+    followed within ten rounds, and a drop at the EMA's full rate."""
+    return old + rate * (min(new, COST_SPIKE * old) - old)
 
 
 def interpolate(points: dict[float, float], x):
@@ -66,11 +82,13 @@ class CostTable:
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
-    drift: dict[int, float] = field(default_factory=dict)  # batch -> EMA of (a round's verify seconds /
-                                                           # the seeded seconds at its width, interpolated)
+    drift: dict[int, float] = field(default_factory=dict)  # seeded batch -> its clock: rounds' verify seconds
+                                                           # over the seeds' line x the width's residual
     learn: bool = True
     _seeds: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # batch -> {tokens: seeded secs}
-    _rounds: set[tuple[int, int]] = field(default_factory=set, repr=False)  # verify shapes measured by a round
+    _residual: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # seeded batch -> {tokens:
+                                                           # a round-measured width's cost over line x clock}
+    _rounds: dict[int, set[int]] = field(default_factory=dict, repr=False)  # batch -> widths a round measured
     _by_batch: dict | None = field(default=None, repr=False)  # verify_s grouped by batch (rebuilt after a record)
     _curves: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch -> round_costs (until a record)
     _passes_seen: set[int] = field(default_factory=set, repr=False)  # batch sizes whose first pass went unrecorded
@@ -85,33 +103,69 @@ class CostTable:
         self._curves.clear()
 
     def seed_verify(self, batch: int, tokens: int, secs: float) -> None:
-        """A verify forward timed apart from any round (`CostSeeder`): the entry, unless a round
-        has measured that shape already, and the level the batch's drift is measured against."""
-        self._seeds.setdefault(batch, {})[tokens] = secs
-        if (batch, tokens) not in self._rounds:
-            self.verify_s[batch, tokens] = secs * self.drift.get(batch, 1.0)
-            self._curves.clear()
-            self._by_batch = None
+        """A verify forward timed apart from any round (`CostSeeder`): a point of the batch's seed
+        line, which prices the batch from its second seed on (`_price_seeded`). A seed moves only
+        widths no round has measured: those keep their price, their residuals rescaled to the new
+        line. The first line's clock is where the rounds so far run against it (the geometric mean
+        of their ratios), so seeded widths no round uses are priced on the rounds' clock at once."""
+        seeds = self._seeds.setdefault(batch, {})
+        seeds[tokens] = secs
+        measured = {t: self.verify_s[batch, t] for t in sorted(self._rounds.get(batch, ()))}
+        if len(seeds) < 2:
+            if tokens not in measured:
+                self.verify_s[batch, tokens] = secs
+                self._invalidate()
+            return
+        lines = line(seeds, list(measured))
+        if batch not in self.drift and measured:
+            self.drift[batch] = math.exp(statistics.fmean(math.log(p / l) for p, l in zip(measured.values(), lines)))
+        clock = self.drift.get(batch, 1.0)
+        self._residual[batch] = {t: p / (l * clock) for (t, p), l in zip(measured.items(), lines)}
+        self._price_seeded(batch)
 
     def record_verify(self, batch: int, tokens: int, secs: float) -> None:
-        """A round's verify forward: its shape's EMA; and, where the batch was seeded, the drift
-        (this forward against the seeded cost of its width), which every seeded width no round has
-        measured then follows: seeded seconds x drift. (A ratio to the fixed seeds, so widths
-        measured in turn do not compound it.)"""
-        self._ema(self.verify_s, (batch, tokens), secs)
-        self._rounds.add((batch, tokens))
-        self._by_batch = None
+        """A round's verify forward. A seeded batch: the clock moves quickly toward this round's
+        ratio to its predicted cost, and this width's residual slowly toward what the clock leaves
+        unexplained (the residuals of the measured widths average 1); every width is then
+        repriced (line x clock x residual). Else: the width's own EMA (`eased`)."""
+        self._rounds.setdefault(batch, set()).add(tokens)
         seeds = self._seeds.get(batch)
-        if not seeds:
+        if seeds is None or len(seeds) < 2:
+            old = self.verify_s.get((batch, tokens))
+            self.verify_s[batch, tokens] = secs if old is None else eased(old, secs)
+            self._invalidate()
             return
-        ratio = secs / line(seeds, [tokens])[0]  # (from 1: a first round alone does not set it)
-        self.drift[batch] = (1 - COST_EMA) * self.drift.get(batch, 1.0) + COST_EMA * ratio
-        for t, s in seeds.items():
-            if (batch, t) not in self._rounds:
-                self.verify_s[batch, t] = s * self.drift[batch]
+        base = line(seeds, [tokens])[0]
+        residuals = self._residual.setdefault(batch, {})
+        r = residuals.get(tokens, 1.0)
+        clock = eased(self.drift.get(batch, 1.0), secs / (base * r))
+        residuals[tokens] = eased(r, secs / (base * clock), RESIDUAL_EMA)
+        # what the residuals share is the clock's: their geometric mean moves to it (no measured
+        # width's price changes; the widths no round measures follow the measured ones)
+        mean = math.exp(statistics.fmean(map(math.log, residuals.values())))
+        for t in residuals:
+            residuals[t] /= mean
+        self.drift[batch] = clock * mean
+        self._price_seeded(batch)
+
+    def _price_seeded(self, batch: int) -> None:
+        """verify_s of a seeded batch: at every seeded or round-measured width, the seeds' line x
+        the batch's clock x the width's residual (1 where no round measured it)."""
+        seeds, clock = self._seeds[batch], self.drift.get(batch, 1.0)
+        residuals = self._residual.get(batch, {})
+        widths = sorted(set(seeds) | self._rounds.get(batch, set()))
+        for t, s in zip(widths, line(seeds, widths)):
+            self.verify_s[batch, t] = s * clock * residuals.get(t, 1.0)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._curves.clear()
+        self._by_batch = None
 
     def record_draft(self, batch: int, secs: float) -> None:
-        self._ema(self.draft_s, batch, secs)
+        old = self.draft_s.get(batch)
+        self.draft_s[batch] = secs if old is None else eased(old, secs)
+        self._curves.clear()
 
     def seed_draft(self, batch: int, secs: float) -> None:
         """A drafter pass timed apart from any round (`CostSeeder`): the entry, unless a round has
