@@ -189,6 +189,25 @@ def test_a_width_measured_long_ago_follows_the_machine_and_a_spike_barely_moves_
     assert unseeded.verify(2, 8) == pytest.approx(16e-3 * (1 + 0.2 * 0.25))
 
 
+def test_seeds_after_rounds_keep_their_prices_and_start_the_clock_where_they_run():
+    """A busy engine's batch size: rounds measured widths 1 and 2 before its seeds came, the
+    seeds timed 1.4x faster (a short dummy context). The measured widths keep their prices; the
+    widths only the seeds know start on the rounds' clock (1.4x), not at the bare seeds."""
+    true = {1: 14e-3, 2: 16e-3, 4: 21e-3, 8: 35e-3}
+    c = CostTable()
+    for _ in range(20):
+        c.record_verify(8, 1, true[1])
+        c.record_verify(8, 2, true[2])
+    for t, s in true.items():
+        c.seed_verify(8, t, s / 1.4)
+    assert c.verify(8, 1) == pytest.approx(true[1]) and c.verify(8, 2) == pytest.approx(true[2])
+    assert c.drift[8] == pytest.approx(1.4)
+    assert c.verify(8, 4) == pytest.approx(true[4]) and c.verify(8, 8) == pytest.approx(true[8])
+    for _ in range(40):                      # then rounds go on at width 2: nothing moves
+        c.record_verify(8, 2, true[2])
+    assert c.verify(8, 8) == pytest.approx(true[8], rel=1e-3)
+
+
 def test_a_stale_seed_no_longer_shrinks_auto_trees():
     """The choice itself: seeded 1.5x slow and refreshed only at the narrow widths in use, the
     table without the drift would price a wide tree at its stale seed and choose a narrower one
