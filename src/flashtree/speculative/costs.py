@@ -9,9 +9,9 @@ are the seeds' line x the batch's clock (`drift`: how the rounds run against the
 quickly, every round at any width moving it) x each width's own residual (learnt slowly from
 that width's rounds): the machine's speed moves every width at once, so a width measured
 minutes ago and one measured now are priced on the same clock, and a width's timing noise stays
-its own. A round moves an estimate up by at most `COST_SPIKE` of it: a forward runs slower, never
-faster, than its cost when another process or a cold call interrupts it. No hand-written constants
-of the machine.
+its own. A measurement counts as at most `COST_SPIKE` x the estimate it moves: a forward runs
+slower, never faster, than its cost when another process or a cold call interrupts it. No
+hand-written constants of the machine.
 `token_rates` / `choose_tokens`: the forward's tokens per sequence T (1 = plain decoding)
 maximising expected committed tokens / (drafter cost + round cost at T), given E[tau | N] curves
 (`calibration.py`). This module does not decide whether to draft (`adaptive.py`) or time anything.
