@@ -187,6 +187,9 @@ def test_a_width_measured_long_ago_follows_the_machine_and_a_spike_barely_moves_
     unseeded.record_verify(2, 8, 16e-3)
     unseeded.record_verify(2, 8, 160e-3)
     assert unseeded.verify(2, 8) == pytest.approx(16e-3 * (1 + 0.2 * 0.25))
+    unseeded.record_draft(2, 0.0)            # an estimate of 0 (a pinned table's) still learns
+    unseeded.record_draft(2, 1e-3)
+    assert unseeded.draft(2) == pytest.approx(0.2e-3)
 
 
 def test_seeds_after_rounds_keep_their_prices_and_start_the_clock_where_they_run():

@@ -38,8 +38,11 @@ def eased(old: float, new: float, rate: float = COST_EMA) -> float:
     """`old` moved `rate` of the way to `new`, with `new` clipped at COST_SPIKE x old: timing
     noise is one-sided (an interrupted forward takes longer, none runs faster than its cost), so
     one spike moves the estimate 5 % instead of 20 % of the spike; a real slowdown of 40 % is
-    followed within ten rounds, and a drop at the EMA's full rate."""
-    return old + rate * (min(new, COST_SPIKE * old) - old)
+    followed within ten rounds, and a drop at the EMA's full rate. (An estimate of 0, as tests
+    pin one, is not a scale to clip by.)"""
+    if old > 0:
+        new = min(new, COST_SPIKE * old)
+    return old + rate * (new - old)
 
 
 def interpolate(points: dict[float, float], x):
