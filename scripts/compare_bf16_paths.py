@@ -1,6 +1,6 @@
 """Whether the bf16 projection kernel's two paths round alike: AMX tiles and vdpbf16ps dot products.
 
-`cpu_dense_bf16.cpp` takes one path per process (AMX where the CPU has it, unless FLASHTREE_AMX=0).
+`cpu_dense_bf16.cpp` takes one path per process (AMX on the amx path, vdpbf16ps with FLASHTREE_ISA=avx512_bf16).
 Choosing per call by row count would be safe only if both gave the same bf16 outputs. This runs
 the same random projections (SmolLM2's shapes, x at scale 1 and 30) in two processes, one per
 path, and prints how many outputs differ. Needs a CPU with amx_bf16.
@@ -34,10 +34,10 @@ def main() -> None:
     import torch
     with tempfile.TemporaryDirectory() as d:
         paths = {}
-        for amx in ("1", "0"):
+        for amx, isa in (("1", "amx"), ("0", "avx512_bf16")):
             paths[amx] = os.path.join(d, f"amx{amx}.pt")
             subprocess.run([sys.executable, __file__, "--run", paths[amx]], check=True,
-                           env={**os.environ, "FLASHTREE_AMX": amx})
+                           env={**os.environ, "FLASHTREE_ISA": isa})
         a, b = torch.load(paths["1"]), torch.load(paths["0"])
     for (M, K, N, scale), x, y in zip(CASES, a, b):
         print(f"[{M}, {K}] x [{N}, {K}]^T, x scale {scale:g}: {int((x != y).sum())} of {x.numel()} outputs "

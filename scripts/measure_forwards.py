@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
+from flashtree import LLM  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
 
-from flashtree import LLM
+import torch  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--context", type=int, default=250)

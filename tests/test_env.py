@@ -151,17 +151,19 @@ def test_env_says_when_the_kv_cache_cannot_hold_one_sequence(pair, capsys):
     assert "kv_cache_tokens=100 cannot hold one sequence" in kv["error"]
 
 
-def test_bf16_projections_take_amx_tiles_unless_turned_off(monkeypatch):
-    """The bf16 kernel's path as `env` reports it: AMX tiles where the CPU has them (a verify of
-    many rows then streams the weights once), vdpbf16ps with FLASHTREE_AMX=0 or without AMX."""
+def test_bf16_projections_take_amx_tiles_on_the_amx_path_only(monkeypatch):
+    """The bf16 kernel's path as `env` reports it: AMX tiles on the amx path (a verify of many rows
+    then streams the weights once), vdpbf16ps on avx512_bf16, none below (test_cpu_paths.py runs
+    each path the CPU has for real)."""
+    from flashtree import cpu
     from flashtree.models import cpu_dense
-    monkeypatch.setattr(cpu_dense, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}))
-    monkeypatch.delenv("FLASHTREE_AMX", raising=False)
+    monkeypatch.setattr(cpu, "isa", lambda: "amx")
     assert cpu_dense.bf16_path().startswith("AMX tiles")
-    monkeypatch.setenv("FLASHTREE_AMX", "0")
+    monkeypatch.setattr(cpu, "isa", lambda: "avx512_bf16")
     assert cpu_dense.bf16_path() == "vdpbf16ps dot products"
-    monkeypatch.setattr(cpu_dense, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert cpu_dense.bf16_path() is None
+    for lower in ("avx512", "avx2", cpu.NONE):
+        monkeypatch.setattr(cpu, "isa", lambda: lower)
+        assert cpu_dense.bf16_path() is None
 
 
 def test_env_lists_every_switch_and_hides_the_api_key(pair, capsys, monkeypatch):
@@ -169,16 +171,16 @@ def test_env_lists_every_switch_and_hides_the_api_key(pair, capsys, monkeypatch)
     that it is set. An off switch is off for every spelling of off, and an unknown name is refused."""
     from flashtree import switches
     monkeypatch.setenv("FLASHTREE_API_KEY", "sk-very-secret")
-    monkeypatch.setenv("FLASHTREE_AMX", "off")
+    monkeypatch.setenv("FLASHTREE_COMPILE_HELPER", "off")
     target, draft = pair
     r = env_json(capsys, "--model", str(target), "--draft", str(draft))
     assert set(r["switches"]) == set(switches.SWITCHES)
-    assert r["switches"]["FLASHTREE_API_KEY"] == "(set)" and r["switches"]["FLASHTREE_AMX"] == "off"
+    assert r["switches"]["FLASHTREE_API_KEY"] == "(set)" and r["switches"]["FLASHTREE_COMPILE_HELPER"] == "off"
     assert main(["env", "--model", str(target), "--draft", str(draft)]) == 0
     text = capsys.readouterr().out
     assert "sk-very-secret" not in text and "FLASHTREE_DRAFT_VOCAB" in text
     for spelling, off in (("0", True), ("False", True), (" no ", True), ("OFF", True), ("1", False), ("", False)):
-        monkeypatch.setenv("FLASHTREE_AMX", spelling)
-        assert switches.is_off("FLASHTREE_AMX") is off, spelling
+        monkeypatch.setenv("FLASHTREE_COMPILE_HELPER", spelling)
+        assert switches.is_off("FLASHTREE_COMPILE_HELPER") is off, spelling
     with pytest.raises(KeyError, match="not a flashtree switch"):
-        switches.value("FLASHTREE_AMXX")
+        switches.value("FLASHTREE_AMX")

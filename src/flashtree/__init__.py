@@ -1,6 +1,9 @@
 """flashtree: lossless speculative decoding (DFlash chains, DDTree trees) and an OpenAI-compatible server."""
-from .llm import LLM, RequestOutput
-from .sampling_params import SamplingParams
+from . import cpu
+
+cpu.prepare()  # OpenMP's wait policy and torch's dispatch path, before anything loads torch
+from .llm import LLM, RequestOutput  # noqa: E402
+from .sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
 __version__ = "0.1.0"

@@ -19,7 +19,11 @@ SWITCHES = {
                                 "helper process compiling about half of them beside it",
     "FLASHTREE_DTYPE": "a dtype name: what dtype='auto' means",
     "FLASHTREE_CPU_KERNEL": "off: projections through torch instead of flashtree's CPU kernel",
-    "FLASHTREE_AMX": "off: bf16 projections take vdpbf16ps dot products on a CPU with AMX tiles",
+    "FLASHTREE_ISA": "an instruction path at or below this CPU's (avx2 | avx512 | avx512_bf16 | amx): "
+                     "flashtree's kernels, dtype auto and torch's dispatch run that path",
+    "FLASHTREE_THREADS": "the most compute threads (default: one per core)",
+    "FLASHTREE_THREAD_POLICY": "'fixed': always that many threads; default 'follow': as many as the cores "
+                               "other processes leave free, re-read twice a second",
     "FLASHTREE_DRAFT_VOCAB": "off: the drafter drafts over the whole vocabulary, not its draft vocabulary",
     "FLASHTREE_API_KEY": "the API key `flashtree serve` requires (unlike --api-key, not visible in ps)",
 }

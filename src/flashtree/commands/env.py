@@ -46,6 +46,8 @@ def run(args) -> int:
           "enable_prefix_caching": args.enable_prefix_caching, "max_num_batched_tokens": args.max_num_batched_tokens}
     report = collect(args.model, args.draft, args.device,
                      compile_timeout=args.probe_timeout if args.probe_compile else None, kv_options=kv)
+    if getattr(args, "threads", None):  # --threads: what a load with it would use
+        report["threads"] = report["cpu_path"]["threads"] = args.threads
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
@@ -56,9 +58,11 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
     """compile_timeout: seconds for the torch.compile probe; None skips it (the slow one)."""
     pair = model_pair(model, draft)
     dev = device_info(device)
-    return {"versions": versions(), "platform": platform_info(), "device": dev,
+    path = cpu_path()
+    return {"isa": path["isa"], "dtype": dev.get("auto_dtype"), "quant": None, "threads": path["threads"],
+            "cpu_path": path, "versions": versions(), "platform": platform_info(), "device": dev,
             "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
-            "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype", "float32")),
+            "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype") or "float32"),
             "switches": switches.current(), **pair}
 
 
@@ -66,7 +70,9 @@ def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
     """The paged KV cache `LLM(**options)` would allocate for this pair in `dtype` (the model's, as
     dtype "auto" picks it): capacity in tokens, pages, bytes (target + drafter context + kept drafter
     features), and what one sequence may need."""
-    from ..engine.engine_config import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
+    import torch
+    from ..engine.engine_config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, available_memory,
+                                        kv_bytes_per_token, kv_cache_plan)
     t, d = pair["target"], pair["drafter"]
     if t["error"]:
         return {"error": t["error"]}
@@ -76,21 +82,38 @@ def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
     except UserError as e:
         return {"error": str(e)}
     drafter = d if d is not None and not d["error"] else None
-    per_seq, tokens = kv_cache_plan(cfg, t["max_position_embeddings"], drafter["block_size"] if drafter else 0)
+    row = kv_bytes_per_token(getattr(torch, dtype).itemsize, t["num_hidden_layers"], t["num_key_value_heads"],
+                             t["head_dim"], *((drafter["num_hidden_layers"], drafter["num_key_value_heads"],
+                                               drafter["head_dim"], len(drafter["target_layer_ids"])
+                                               * drafter["hidden_size"]) if drafter else ()))
+    per_seq, tokens = kv_cache_plan(cfg, t["max_position_embeddings"], drafter["block_size"] if drafter else 0,
+                                    row, available_memory(torch.device("cpu")))
     if tokens < per_seq:
         return {"error": f"kv_cache_tokens={tokens} cannot hold one sequence at the context limit ({per_seq} "
                          f"tokens with one round's tree): LLM() refuses it"}
-    import torch
-    size = getattr(torch, dtype).itemsize
-    row = 2 * size * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"]  # K and V
-    if drafter:  # its context K/V, and the target's drafter features kept on the same rows
-        row += 2 * size * drafter["num_hidden_layers"] * drafter["num_key_value_heads"] * drafter["head_dim"]
-        row += size * len(drafter["target_layer_ids"]) * drafter["hidden_size"]
     pages = -(-tokens // cfg.page_size)
     return {"error": None, "kv_cache_tokens": pages * cfg.page_size, "page_size": cfg.page_size, "pages": pages,
             "mib": round((pages + 1) * cfg.page_size * row / 2**20, 1), "dtype": dtype, "per_sequence_tokens": per_seq,
             "max_batch_size": cfg.max_batch_size, "prefix_caching": cfg.enable_prefix_caching,
             "max_num_batched_tokens": cfg.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS}
+
+
+def cpu_path() -> dict:
+    """The instruction path and compute threads flashtree runs with here (`cpu.py`), and why."""
+    from .. import cpu
+    native = cpu.native_isa()
+    try:
+        path, why = cpu.isa(), "FLASHTREE_ISA" if switches.value("FLASHTREE_ISA") not in ("", "auto") else \
+            "the CPU's highest"
+    except ValueError as e:
+        path, why = None, str(e)
+    try:
+        threads, policy = cpu.threads(), cpu.thread_policy()
+    except ValueError as e:
+        threads, policy = None, str(e)
+    return {"isa": path, "why": why, "native_isa": native, "paths": list(cpu.PATHS),
+            "threads": threads, "cores": cpu.cores(), "thread_policy": policy,
+            "openmp": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", *cpu.WAIT_ENV)}}
 
 
 def versions() -> dict[str, str | None]:
@@ -136,7 +159,11 @@ def device_info(device: str = "auto") -> dict:
     info["selected"] = str(dev)
     info["dtypes"] = dtype_support(dev)
     from ..models.loader import auto_dtype
-    dt, why = auto_dtype(dev)
+    try:
+        dt, why = auto_dtype(dev)
+    except ValueError as e:  # a wrong FLASHTREE_ISA or FLASHTREE_DTYPE
+        info["auto_dtype"], info["auto_dtype_why"] = None, str(e)
+        return info
     info["auto_dtype"], info["auto_dtype_why"] = str(dt).removeprefix("torch."), why
     return info
 
@@ -410,6 +437,12 @@ def render(r: dict) -> str:
     lines = ["versions"]
     lines += [f"  {k:<18} {v or 'not installed'}" for k, v in r["versions"].items()]
     lines += ["platform"] + [f"  {k:<18} {v}" for k, v in r["platform"].items()]
+    c = r["cpu_path"]
+    lines += ["cpu path", f"  {'isa':<18} {c['isa'] or 'error: ' + c['why']} ({c['why'] if c['isa'] else ''}"
+              f"{'; ' if c['isa'] else ''}this CPU: {c['native_isa']}; FLASHTREE_ISA forces a lower one)",
+              f"  {'threads':<18} {c['threads']} of {c['cores']} cores, policy {c['thread_policy']} "
+              f"(FLASHTREE_THREADS, FLASHTREE_THREAD_POLICY); OpenMP "
+              + ", ".join(f"{k}={v}" for k, v in c["openmp"].items() if v is not None)]
     d = r["device"]
     lines += ["device", f"  {'selected':<18} {d.get('selected') or d.get('error')}",
               f"  {'cuda_available':<18} {d['cuda_available']}"]

@@ -52,8 +52,10 @@ FORMAT = 2  # bump when how this module exports or compiles changes (it is not i
 # keeps float32 between ops, and graphs of other shapes fuse differently: a bf16 prompt prefilled
 # by one graph and continued by another decoded other tokens than the same prompt from a prefix-
 # cache hit (1 of 6 greedy SmolLM2 chats equal), so plain decoding was not reproducible.
+# Parallel loops ask OpenMP for the threads torch has now (cpp.dynamic_threads), not the count at
+# compile time: the engine's threads follow the cores other processes leave free (cpu.py).
 _INDUCTOR = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True,
-             "emulate_precision_casts": True}
+             "emulate_precision_casts": True, "cpp.dynamic_threads": True}
 # torch 2.13's export deep-copies treespecs, which constructs its own deprecated LeafSpec: a
 # FutureWarning per graph that no caller can act on, so compiling filters it out
 _LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
@@ -90,9 +92,9 @@ def _source_digest() -> str:
 def _vec_isa() -> str:
     """The CPU's vector ISA, for the cache key: torch's dispatch capability and the CPU's flags.
     (Inductor's own `pick_vec_isa` compiles test programs: ~0.6 s of every load.)"""
-    from ..models.cpu_dense import cpu_flags
-    flags = ",".join(sorted(cpu_flags() or ()))
-    return f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}-" \
+    from .. import cpu
+    flags = ",".join(sorted(cpu.cpu_flags() or ()))
+    return f"{platform.machine()}-{cpu.isa()}-{torch.backends.cpu.get_cpu_capability()}-" \
            f"{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import switches
+from .. import cpu, switches
 
 log = logging.getLogger("flashtree.models")
 
@@ -53,44 +53,32 @@ _SOURCES = [str(Path(__file__).with_name(f))
 _HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
 
 
-@functools.cache
 def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (None where they cannot be read)."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), None)
-    except OSError:
-        return None
-    return frozenset(flags.split(":", 1)[1].split()) if flags else None
+    """The CPU's feature flags (`cpu.cpu_flags`)."""
+    return cpu.cpu_flags()
 
 
 def _cpu_has_avx2_fma() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    flags = cpu_flags()
-    if flags is None:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return {"avx2", "fma"} <= flags
+    return cpu.at_least("avx2")
 
 
 def cpu_bf16_native() -> str | None:
-    """The instructions that multiply bf16 natively on this CPU ('amx_bf16', 'avx512_bf16'), or None."""
-    flags = cpu_flags() or frozenset()
-    return next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), None)
+    """The instructions that multiply bf16 natively on the path in use ('amx_bf16', 'avx512_bf16'), or None."""
+    return cpu.bf16_native()
 
 
 def bf16_dot() -> bool:
-    """bf16 projections use the AVX512-BF16 dot-product kernel (`cpu_dense_bf16.cpp`)."""
-    return {"avx512f", "avx512_bf16"} <= (cpu_flags() or frozenset())
+    """bf16 projections use the AVX512-BF16 kernel (`cpu_dense_bf16.cpp`): the avx512_bf16 and amx paths."""
+    return cpu.at_least("avx512_bf16")
 
 
 def bf16_path() -> str | None:
-    """How bf16 projections multiply here, by `cpu_dense_bf16.cpp`'s rule: AMX tiles on CPUs with
-    amx_bf16 unless FLASHTREE_AMX=0, else vdpbf16ps dot products with AVX512-BF16; None without
-    either. (The kernel also needs the OS to grant the tile state, which this does not ask: where
-    Linux refuses it, the kernel takes the dot products although this says tiles.)"""
-    flags = cpu_flags() or frozenset()
-    if {"amx_tile", "amx_bf16"} <= flags and not switches.is_off("FLASHTREE_AMX"):
-        return "AMX tiles (FLASHTREE_AMX=0: vdpbf16ps dot products)"
+    """How bf16 projections multiply here, by `cpu_dense_bf16.cpp`'s rule (it reads FLASHTREE_ISA
+    too): AMX tiles on the amx path, vdpbf16ps dot products on avx512_bf16; None below. (The
+    kernel also needs the OS to grant the tile state, which this does not ask: where Linux refuses
+    it, the kernel takes the dot products although this says tiles.)"""
+    if cpu.at_least("amx"):
+        return "AMX tiles (FLASHTREE_ISA=avx512_bf16: vdpbf16ps dot products)"
     return "vdpbf16ps dot products" if bf16_dot() else None
 
 
@@ -99,7 +87,7 @@ def _why_not() -> str | None:
     if switches.is_off("FLASHTREE_CPU_KERNEL"):
         return "FLASHTREE_CPU_KERNEL=0"
     if not _cpu_has_avx2_fma():
-        return f"needs an x86-64 CPU with AVX2 and FMA (this is {platform.machine()})"
+        return f"needs an x86-64 CPU with AVX2 and FMA (this is {platform.machine()}, path {cpu.isa()})"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler (set CXX or install g++)"
     return None
@@ -115,16 +103,26 @@ def _ninja_on_path() -> None:
 _NAME = "flashtree_cpu_kernels"
 
 
+def _sources_digest() -> str:
+    """The kernel's sources and shared header, hashed: the build directory's name carries it."""
+    h = hashlib.sha256()
+    for f in [*_SOURCES, str(_HEADER)]:
+        h.update(Path(f).name.encode() + b"\0" + Path(f).read_bytes())
+    return h.hexdigest()[:12]
+
+
 def build_directory() -> Path:
     """Where the kernel is built and cached: $TORCH_EXTENSIONS_DIR, else torch's default root and
-    folder for this Python and build of torch, then the library's name (torch's own layout)."""
+    folder for this Python and build of torch, then the library's name and its sources' hash, so
+    checkouts of other sources on one machine each keep their own build instead of rebuilding
+    each other's."""
     from torch.utils.cpp_extension import get_default_build_root
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is None:
         accel = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
         root = os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}"
                                                       f"{getattr(sys, 'abiflags', '')}_{accel}")
-    return Path(root) / _NAME
+    return Path(root) / f"{_NAME}_{_sources_digest()}"
 
 
 @contextlib.contextmanager

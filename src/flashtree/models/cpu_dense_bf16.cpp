@@ -132,7 +132,10 @@ FT_BF16 void rows(const uint32_t* x, int64_t ldx, int64_t M, const uint16_t* wp,
   }
 }
 
-bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+bool cpu_has_bf16_dot() {
+  return flashtree_kernels::isa_allows("avx512_bf16") && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bf16");
+}
 
 #define FT_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 
@@ -143,14 +146,13 @@ struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
 };
 
 // AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it),
-// unless FLASHTREE_AMX=0. A one-row call costs about what vdpbf16ps's does (plain decoding
+// unless FLASHTREE_ISA names a lower path. A one-row call costs about what vdpbf16ps's does (plain decoding
 // within noise of it; it cost 1.3x before tiles prefetched and held just the M rows), and a
 // 17-row verify streams the weights once instead of being compute-bound from ~4 rows
 // (benchmarks/xeon_amx_2026-12-04, benchmarks/amx_prefetch_2026-12-05).
 bool amx_ready() {
   static const bool ok = [] {
-    const char* want = std::getenv("FLASHTREE_AMX");
-    if (want != nullptr && std::strcmp(want, "0") == 0) return false;
+    if (!flashtree_kernels::isa_allows("amx")) return false;
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;

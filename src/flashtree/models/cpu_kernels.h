@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace flashtree_kernels {
 
@@ -21,6 +23,23 @@ void topk_row(const float* x, int64_t V, int64_t k, float* bv, int64_t* bi);
 inline int64_t panel_shares(int64_t P, int64_t G, int64_t macs, int64_t threads) {
   if (macs < (int64_t{1} << 16)) return 1;
   return std::clamp<int64_t>((P + G - 1) / G, 1, threads);
+}
+
+// Whether FLASHTREE_ISA (validated by cpu.py; unset or "auto" = the CPU's own path) allows the
+// instructions of `path`, one of avx2 < avx512 < avx512_bf16 < amx: a forced lower path turns
+// the higher kernels off, as the Python side's choice of layouts and dtypes does.
+inline bool isa_allows(const char* path) {
+  static const char* const kPaths[] = {"avx2", "avx512", "avx512_bf16", "amx"};
+  auto rank = [](const char* p) {
+    for (int i = 0; i < 4; ++i)
+      if (std::strcmp(p, kPaths[i]) == 0) return i;
+    return 4;  // unset, "auto" or anything else: no cap
+  };
+  static const int cap = [&] {
+    const char* v = std::getenv("FLASHTREE_ISA");
+    return v == nullptr ? 4 : rank(v);
+  }();
+  return rank(path) <= cap;
 }
 
 // The first panel of share t of n (share_start(P, n, n) = P: the end of the last).

@@ -49,11 +49,11 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
         return DTYPES[forced], f"FLASHTREE_DTYPE={forced}"
     if device.type == "cuda":
         return torch.bfloat16, "CUDA"
-    from . import cpu_dense
-    native = cpu_dense.cpu_bf16_native()
+    from .. import cpu
+    native = cpu.bf16_native()
     if native is not None:
-        return torch.bfloat16, f"this CPU has {native}"
-    return torch.float32, "this CPU has no native bf16 products (no amx_bf16 / avx512_bf16)"
+        return torch.bfloat16, f"the {cpu.isa()} path multiplies bf16 natively ({native})"
+    return torch.float32, f"the {cpu.isa()} path has no native bf16 products (no amx_bf16 / avx512_bf16)"
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

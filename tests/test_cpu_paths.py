@@ -1,0 +1,174 @@
+"""Every CPU instruction path as a target (cpu.py): the path's rule, FLASHTREE_ISA forcing a lower
+one (kernels, dtype auto and torch's dispatch together), the threads that follow the free cores,
+and the KV pool that commits memory as rows are written."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashtree import cpu
+from flashtree.engine.engine_config import EngineConfig, kv_bytes_per_token, kv_cache_plan
+from flashtree.engine.kv_cache import lazy_zeros
+
+AVX2 = frozenset({"avx2", "fma"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+BF16 = AVX512 | {"avx512_bf16"}
+AMX = BF16 | {"amx_tile", "amx_bf16"}
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "amd64"), reason="the paths are x86-64's")
+@pytest.mark.parametrize("flags, path", [(frozenset({"sse4_2"}), cpu.NONE), (AVX2, "avx2"), (AVX512, "avx512"),
+                                         (BF16, "avx512_bf16"), (AMX, "amx"),
+                                         (AVX2 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx2")])
+def test_native_path_needs_every_lower_paths_flags(flags, path):
+    assert cpu.native_isa(flags) == path
+
+
+def test_a_forced_path_may_be_lower_never_higher_nor_unknown():
+    assert cpu.resolve_isa("", "amx") == "amx" and cpu.resolve_isa("auto", "avx2") == "avx2"
+    assert cpu.resolve_isa("avx2", "amx") == "avx2" and cpu.resolve_isa("avx512_bf16", "amx") == "avx512_bf16"
+    with pytest.raises(ValueError, match="above this CPU's instructions .up to avx2"):
+        cpu.resolve_isa("amx", "avx2")
+    with pytest.raises(ValueError, match="not a path; use one of auto, avx2, avx512, avx512_bf16, amx"):
+        cpu.resolve_isa("avx3", "amx")
+    with pytest.raises(ValueError, match="none of them"):
+        cpu.resolve_isa("avx2", cpu.NONE)
+
+
+def test_free_cores_counts_what_other_processes_used():
+    assert cpu.free_cores(2, 0.0, 1.0) == 2
+    assert cpu.free_cores(2, 0.67, 1.0) == 1   # a busy neighbour beside two of our threads
+    assert cpu.free_cores(2, 1.0, 1.0) == 1
+    assert cpu.free_cores(2, 2.0, 1.0) == 1    # never fewer than one
+    assert cpu.free_cores(8, 3.0, 1.0) == 5
+    assert cpu.free_cores(4, -0.1, 1.0) == 4 and cpu.free_cores(4, 1.0, 0.0) == 4
+
+
+def test_the_governor_follows_free_cores_within_its_most_and_only_between_periods():
+    applied, free = [], iter([1, 1, 2, 5])
+    gov = cpu.ThreadGovernor(2, applied.append, free=lambda: next(free), period=0.0)
+    assert applied == [2]
+    assert [gov(), gov(), gov(), gov()] == [1, 1, 2, 2]  # 5 free is capped at the most, 2
+    assert applied == [2, 1, 2]                            # set only when the count changes
+    slow = cpu.ThreadGovernor(2, applied.append, free=lambda: 1, period=3600.0)
+    assert slow() == 2                                     # not asked again within its period
+    fixed = cpu.ThreadGovernor(2, applied.append, free=None)
+    assert fixed() == 2
+
+
+def test_free_cores_reads_proc_and_stays_in_range():
+    reader = cpu.FreeCores(cpu.cores())
+    assert 1 <= reader() <= cpu.cores()
+
+
+def test_thread_count_switch_is_checked(monkeypatch):
+    monkeypatch.setenv("FLASHTREE_THREADS", "3")
+    assert cpu.threads() == 3
+    monkeypatch.setenv("FLASHTREE_THREADS", "zero")
+    with pytest.raises(ValueError, match="FLASHTREE_THREADS='zero' is not a thread count"):
+        cpu.threads()
+    monkeypatch.setenv("FLASHTREE_THREAD_POLICY", "greedy")
+    with pytest.raises(ValueError, match="use one of follow, fixed"):
+        cpu.thread_policy()
+    with pytest.raises(Exception, match="threads must be a positive integer"):
+        EngineConfig(threads=0)
+
+
+def _executable_paths() -> list[str]:
+    native = cpu.native_isa()
+    return [] if native == cpu.NONE else list(cpu.PATHS[:cpu.PATHS.index(native) + 1])
+
+
+PATH_PROBE = r"""
+import json, torch, torch.nn.functional as F
+from flashtree import cpu
+from flashtree.models import cpu_dense, loader
+assert cpu_dense.available(), cpu_dense.why_unavailable()
+g = torch.Generator().manual_seed(0)
+out = {"isa": cpu.isa(), "aten": torch.backends.cpu.get_cpu_capability(),
+       "auto_dtype": str(loader.auto_dtype(torch.device("cpu"))[0]), "bf16_path": cpu_dense.bf16_path(), "err": {}}
+for dt in (torch.float32, torch.bfloat16):
+    w = torch.randn(72, 100, generator=g).to(dt); b = torch.randn(72, generator=g).to(dt)
+    packed = cpu_dense.pack(w)
+    out.setdefault("layouts", {})[str(dt)] = packed.dim()
+    for m in (1, 9, 17):
+        x = torch.randn(m, 100, generator=g).to(dt)
+        y = cpu_dense.dense(x, w, packed, b).float()
+        ref = F.linear(x.double(), w.double(), b.double()).float()
+        out["err"][f"{dt} {m}"] = float(((y - ref).abs() / (1 + ref.abs())).max())
+        rows = torch.stack([cpu_dense.dense(x[i:i + 1], w, packed, b)[0] for i in range(m)])
+        assert torch.equal(rows, cpu_dense.dense(x, w, packed, b)), "a row's result depends on its batch"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("path", _executable_paths())
+def test_each_path_this_cpu_runs_forces_kernels_dtype_and_torch(path):
+    env = {**os.environ, "FLASHTREE_ISA": path}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    env.pop("FLASHTREE_DTYPE", None)
+    r = subprocess.run([sys.executable, "-c", PATH_PROBE], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["isa"] == path
+    assert out["aten"] == ("AVX2" if path == "avx2" else "AVX512")
+    bf16 = path in ("avx512_bf16", "amx")
+    assert out["auto_dtype"] == ("torch.bfloat16" if bf16 else "torch.float32")
+    assert out["layouts"]["torch.bfloat16"] == (4 if bf16 else 3)  # k-pair panels only where vdpbf16ps runs
+    assert (out["bf16_path"] or "").startswith("AMX") == (path == "amx")
+    for key, err in out["err"].items():
+        assert err < (1e-5 if "float32" in key else 2e-2), (key, err)
+
+
+def test_a_path_above_the_cpu_is_refused_at_load():
+    if cpu.native_isa() == "amx":
+        pytest.skip("this CPU runs every path")
+    env = {**os.environ, "FLASHTREE_ISA": "amx"}
+    r = subprocess.run([sys.executable, "-c", "import flashtree, torch; from flashtree.models import loader; "
+                        "loader.auto_dtype(torch.device('cpu'))"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "above this CPU's instructions" in r.stderr
+
+
+def test_env_json_names_path_dtype_quant_and_threads():
+    env = {**os.environ, "FLASHTREE_ISA": "avx2", "FLASHTREE_THREADS": "1"}
+    env.pop("FLASHTREE_DTYPE", None)
+    r = subprocess.run([sys.executable, "-m", "flashtree.cli", "env", "--json", "--model", "tiny-code"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    if cpu.native_isa() == cpu.NONE:
+        assert report["isa"] is None
+        return
+    assert report["isa"] == "avx2" and report["dtype"] == "float32" and report["threads"] == 1
+    assert "quant" in report and report["cpu_path"]["native_isa"] == cpu.native_isa()
+    assert report["platform"]["cpu_capability"] == "AVX2"
+
+
+def test_kv_pool_is_capped_by_memory_and_never_below_one_sequence():
+    cfg = EngineConfig(max_batch_size=8)
+    cap, tokens = kv_cache_plan(cfg, 8192, 16)
+    assert tokens == 8 * cap
+    row = kv_bytes_per_token(4, 30, 3, 64)
+    assert row == 4 * 2 * 30 * 3 * 64
+    _, capped = kv_cache_plan(cfg, 8192, 16, row, available_bytes=2 * 2**30)
+    assert cap <= capped < 8 * cap and capped * row <= 2**30
+    _, floor = kv_cache_plan(cfg, 8192, 16, row, available_bytes=1)
+    assert floor == cap
+    _, given = kv_cache_plan(EngineConfig(kv_cache_tokens=100_000), 8192, 16, row, available_bytes=1)
+    assert given == 100_000
+
+
+def test_the_kv_pool_commits_memory_only_where_rows_are_written():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    pool = lazy_zeros((30, 100_000, 3, 64), torch.float32, "cpu")  # 2.3 GB
+    assert pool.is_contiguous() and pool.data_ptr() % 64 == 0
+    pool[:, :1000] = 1.0
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown < 200 * 1024, f"{grown} KiB resident for 23 MB written into a 2.3 GB pool"
+    assert float(pool[:, 1000:1100].abs().sum()) == 0.0 and float(pool[:, :1000].sum()) == 30 * 1000 * 192
