@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# Tiny models run as fast on one thread, and a shared 2-core machine stays responsive.
+# Tiny models run as fast on one thread, and a shared 2-core machine stays responsive (an engine
+# sets its threads from FLASHTREE_THREADS; a test that needs more threads sets them itself).
+os.environ.setdefault("FLASHTREE_THREADS", "1")
 torch.set_num_threads(1)
 # LLM(compile="auto") would compile every graph of every model a test loads; the compiled path is
 # tested on purpose (compile=True) where it matters, so "auto" means eager here.

@@ -119,3 +119,16 @@ def test_progress_bar_only_on_a_terminal(llm, monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         llm.generate([[1, 2], [3, 4], [5, 6]], params, use_tqdm=use_tqdm)
         assert ("3/3" in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_the_default_method_is_hybrid_with_a_drafter_and_ngram_without(tiny_pair):
+    """method=None: hybrid where the model has a drafter, ngram where it has none, both with budget
+    auto (plain rounds where drafting does not pay); greedy output equals plain decoding's."""
+    with_drafter = LLM(model=tiny_pair[0], draft=tiny_pair[1], dtype="float32", device="cpu", max_batch_size=2)
+    without = LLM(model=tiny_pair[0], dtype="float32", device="cpu", max_batch_size=2)
+    assert with_drafter.method == "hybrid" and without.method == "ngram"
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = [[5, 9, 2, 5, 9, 2, 5, 9]]
+    plain = with_drafter.generate(prompt, greedy, method="ar")[0].token_ids
+    assert with_drafter.generate(prompt, greedy)[0].token_ids == plain
+    assert without.generate(prompt, greedy)[0].token_ids == plain

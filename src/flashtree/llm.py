@@ -5,6 +5,7 @@ Owns loading and text; the decoding itself is `engine/engine.py`.
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import weakref
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from . import cpu
 from .engine import compile_helper
 from .engine.engine import Engine
 from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
@@ -24,10 +26,14 @@ from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter
 from .tokenizer import Tokenizer
 
+log = logging.getLogger("flashtree")
+
 
 def default_method(draft) -> str:
-    """method=None: ddtree when the model has a drafter, else plain decoding (ar)."""
-    return "ddtree" if draft is not None else "ar"
+    """method=None: hybrid when the model has a drafter, else ngram — both sized by budget "auto",
+    which decodes plainly where drafting does not pay (hybrid was the best config in every run on
+    the real pair; ngram needs no drafter)."""
+    return "hybrid" if draft is not None else "ngram"
 
 
 def _progress(total: int, use_tqdm: bool):
@@ -66,7 +72,7 @@ class LLM:
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int | None = None, prefill_stall: float | None = DEFAULT_PREFILL_STALL,
-                 tensor_parallel_size: int = 1, precompile: str = "single"):
+                 tensor_parallel_size: int = 1, precompile: str = "single", threads: int | None = None):
         if precompile not in PRECOMPILE:
             raise UserError(f"precompile must be one of {', '.join(map(repr, PRECOMPILE))}, got {precompile!r}")
         self.precompile = precompile
@@ -79,7 +85,7 @@ class LLM:
                               max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,
                               page_size=page_size, kv_cache_tokens=kv_cache_tokens,
                               max_num_batched_tokens=max_num_batched_tokens, prefill_stall=prefill_stall,
-                              **{k: v for k, v in (("max_ngram", max_ngram), (
+                              threads=threads, **{k: v for k, v in (("max_ngram", max_ngram), (
                                   "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))
@@ -105,18 +111,23 @@ class LLM:
         self.tokenizer = Tokenizer(self.model_path)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)
+        eng = self.engine
+        log.info("loaded %s%s: %s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
+                 self.model_name or self.model_path, f" + drafter {self.draft_path.name}" if self.draft_path else "",
+                 str(eng.dtype).removeprefix("torch."), eng.device, cpu.isa() if eng.device.type == "cpu" else "-",
+                 eng.threads.most, cpu.thread_policy(), eng.blocks.capacity_tokens)
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
         helper = background = None
         if self._ranks is None:  # about half of the graphs compile in a helper process meanwhile
             rebuild = compile_helper.Rebuild(
                 str(self.model_path), str(self.draft_path) if self.draft_path else None,
-                str(self.engine.dtype).removeprefix("torch."), config, torch.get_num_threads())
+                str(self.engine.dtype).removeprefix("torch."), config, self.engine.threads.most)
             helper = compile_helper.start(rebuild)
             if self.precompile == "background":
                 background = compile_helper.start(rebuild, nice=compile_helper.BACKGROUND_NICE)
         batched = self.precompile == "all" or (self.precompile == "background" and background is None)
-        self.engine.warmup(progress=sys.stderr.isatty(), batched=batched, helper=helper, background=background)
+        self.engine.warmup(progress=True, batched=batched, helper=helper, background=background)
         freeze_heap(self)
 
     def _tensor_parallel(self, size, config: EngineConfig, dtype, device):
@@ -135,6 +146,7 @@ class LLM:
             raise UserError("tensor_parallel_size > 1 runs eager (compiled all-reduces are not supported yet): "
                             "drop compile=True / --compile")
         config.compile = False
+        config.threads = config.threads or max(1, cpu.threads() // size)  # each rank its share of the cores
         ranks = dtp.Ranks(size, self.model_path, dtype, device)
         weakref.finalize(self, ranks.close)  # also at interpreter exit
         return ranks

@@ -26,7 +26,7 @@ def add_model_arguments(p) -> None:
                    "file (default: the default model, see flashtree models)")
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: the named model's own)")
     p.add_argument("--method", default=None, choices=METHODS,
-                   help="decoding method (default: ddtree when the model has a drafter, else ar)")
+                   help="decoding method (default: hybrid when the model has a drafter, else ngram; both budget auto)")
     p.add_argument("--budget", type=budget_arg, default=None,
                    help="DDTree draft nodes per round, or 'auto': the size that maximises tokens/s, chosen "
                         "each round from calibrated acceptance and measured costs")
@@ -46,7 +46,11 @@ def add_model_arguments(p) -> None:
                         "first use), all, or background (single, then the batch graphs in a helper process while "
                         "batches run eager) (default: background for serve, all for bench, single otherwise)")
     p.add_argument("--kv-cache-tokens", type=int, default=None,
-                   help="paged KV cache capacity in tokens (default: --max-batch-size sequences at the full context)")
+                   help="paged KV cache capacity in tokens (default: --max-batch-size sequences at the full context, "
+                        "at most half the memory available at load; memory is committed as rows are written)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the most compute threads (default: FLASHTREE_THREADS, else one per core); they follow the "
+                        "cores other processes leave free unless FLASHTREE_THREAD_POLICY=fixed")
     p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV pages of a prompt prefix seen before (default: on)")
@@ -106,7 +110,7 @@ def load_llm(args, precompile: str = "single", **kw):
                kv_cache_tokens=args.kv_cache_tokens, page_size=args.page_size,
                enable_prefix_caching=args.enable_prefix_caching, max_num_batched_tokens=args.max_num_batched_tokens,
                prefill_stall=args.prefill_stall, tensor_parallel_size=args.tensor_parallel_size,
-               precompile=getattr(args, "precompile", None) or precompile, **kw)
+               threads=getattr(args, "threads", None), precompile=getattr(args, "precompile", None) or precompile, **kw)
 
 
 def check_topk(args) -> None:

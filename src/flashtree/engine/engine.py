@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import cpu
 from ..errors import EngineFailure, QueueFullError, RequestError, UserError  # noqa: F401 (re-exported)
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
@@ -32,7 +34,8 @@ from ..speculative.tree import DraftTree, root_only
 from ..speculative.verify import VerifyOutput
 from . import compile_helper
 from .block_manager import BlockManager
-from .engine_config import DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, kv_cache_plan
+from .engine_config import (DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, available_memory,
+                            kv_bytes_per_token, kv_cache_plan)
 from .cost_seeding import CostSeeder
 from .model_runner import ModelRunner, RankLost
 from .round import EngineStats, RoundRecord, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
@@ -112,7 +115,11 @@ class Engine:
             budget=config.budget if config.budget is not None else DEFAULT_BUDGET, topk=config.topk,
             check_default_budget=method.sized_by_budget or config.budget is not None,
             max_ngram=config.max_ngram, min_ngram=config.min_ngram, draft_len=config.draft_len)
-        self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size)
+        row = kv_bytes_per_token(self.dtype.itemsize, tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim, *(
+            (dc.layers.num_hidden_layers, dc.layers.num_key_value_heads, dc.layers.head_dim,
+             len(dc.target_layer_ids) * tc.hidden_size) if drafter is not None else ()))
+        self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size, row,
+                                                 available_memory(self.device))
         P = config.page_size
         if kv_tokens < self.capacity:
             raise UserError(f"kv_cache_tokens={kv_tokens} cannot hold one sequence at the context limit: "
@@ -122,6 +129,10 @@ class Engine:
         # pages (plus the null page); a slot's table is wide enough for a batch padded past its end
         self.blocks = BlockManager(-(-kv_tokens // P) + 1, P, config.max_batch_size, -(-2 * self.capacity // P) + 1,
                                    config.enable_prefix_caching)
+        # compute threads: config.threads at most, following the cores other processes leave free
+        follow = self.device.type == "cpu" and cpu.thread_policy() == "follow"
+        self.threads = cpu.ThreadGovernor.for_this_machine(config.threads or cpu.threads(), torch.set_num_threads,
+                                                           follow)
         self.runner = ModelRunner(target, drafter, self.blocks, self.feature_layers, config.compile)
         self.scheduler = Scheduler(self.blocks, config.max_batch_size,
                                    config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -190,6 +201,8 @@ class Engine:
                 running.stop()
             raise
         if running is not None:
+            if progress and running.process.poll() is None:
+                print(f"waiting for the compile helper's {len(theirs)} graph(s) ...", file=sys.stderr, flush=True)
             running.wait()
             secs += self.runner.warmup(theirs, progress)
         log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
@@ -294,6 +307,7 @@ class Engine:
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
         t0 = time.perf_counter()
         self.round_times = RoundTimes()
+        self.threads()  # as many as the cores free now
         decoding = any(s.decoding and not s.finished for s in self.running)
         if not self.running:  # idle: seed before admitting (with one slot, none is free after)
             self._seed_costs(prefilling=False)

@@ -48,6 +48,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # KV capacity in tokens; None = max_batch_size full-length sequences
     enable_prefix_caching: bool = True  # reuse cached pages of equal prompt prefixes
     max_num_batched_tokens: int | None = None  # prompt rows prefilled per step (padding included); None = DEFAULT_...
+    threads: int | None = None       # the most compute threads; None = FLASHTREE_THREADS, else one per core (cpu.py)
     prefill_stall: float | None = DEFAULT_PREFILL_STALL  # while others decode, a step's prefill takes at most
                                      # this many of their rounds (prefill_pacing.py); None = the row budget only
 
@@ -66,6 +67,9 @@ class EngineConfig:
         if self.kv_cache_tokens is not None and not _int_in(self.kv_cache_tokens, 1):
             raise UserError(f"kv_cache_tokens must be a positive integer (or None: room for max_batch_size "
                             f"full-length sequences), got {self.kv_cache_tokens!r}")
+        if self.threads is not None and not _int_in(self.threads, 1):
+            raise UserError(f"threads must be a positive integer (or None: FLASHTREE_THREADS, else one per core), "
+                            f"got {self.threads!r}")
         if self.max_num_batched_tokens is not None and not _int_in(self.max_num_batched_tokens, 1):
             raise UserError(f"max_num_batched_tokens must be a positive integer (or None: "
                             f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}), got {self.max_num_batched_tokens!r}")
@@ -76,13 +80,43 @@ class EngineConfig:
                             f"that many of their rounds) or None (no pacing), got {self.prefill_stall!r}")
 
 
-def kv_cache_plan(config: EngineConfig, max_model_len: int, drafter_block_size: int) -> tuple[int, int]:
+KV_MEMORY_SHARE = 0.5  # the default pool is at most this share of the memory available at load
+
+
+def kv_cache_plan(config: EngineConfig, max_model_len: int, drafter_block_size: int, bytes_per_token: int = 0,
+                  available_bytes: int | None = None) -> tuple[int, int]:
     """(the most cache rows one sequence may need, the KV capacity in tokens) for these options:
     a sequence at the context limit plus one round's largest tree; by default room for
-    max_batch_size such sequences."""
+    max_batch_size such sequences, but no more than KV_MEMORY_SHARE of `available_bytes` holds at
+    `bytes_per_token` (and never less than one such sequence). kv_cache_tokens sets it outright."""
     slack = max(config.max_budget, drafter_block_size, config.draft_len) + 1
     capacity = max_model_len + slack
-    return capacity, config.kv_cache_tokens or config.max_batch_size * capacity
+    if config.kv_cache_tokens:
+        return capacity, config.kv_cache_tokens
+    tokens = config.max_batch_size * capacity
+    if bytes_per_token > 0 and available_bytes is not None:
+        tokens = min(tokens, max(capacity, int(KV_MEMORY_SHARE * available_bytes) // bytes_per_token))
+    return capacity, tokens
+
+
+def kv_bytes_per_token(itemsize: int, layers: int, kv_heads: int, head_dim: int, draft_layers: int = 0,
+                       draft_kv_heads: int = 0, draft_head_dim: int = 0, feature_width: int = 0) -> int:
+    """One cache row's bytes: the target's K and V, the drafter's context K and V, and the target
+    features kept for the drafter on the same row."""
+    return itemsize * (2 * layers * kv_heads * head_dim + 2 * draft_layers * draft_kv_heads * draft_head_dim
+                       + feature_width)
+
+
+def available_memory(device) -> int | None:
+    """Bytes the OS could give this process now (MemAvailable; free memory on a CUDA device), or None."""
+    if device.type == "cuda":
+        import torch
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        line = next(ln for ln in open("/proc/meminfo") if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024
 
 
 def _int_in(x, lo: int, hi: int | None = None) -> bool:

@@ -7,10 +7,29 @@ is, is the block manager's business (`engine/block_manager.py`): everything here
 rows. A forward reads rows through the page table and writes its new K/V (and features) at their
 rows itself (`write_rows`, `write_features`: a compiled graph does the copies, mutating the cache
 tensors it is handed in place); `move` copies accepted tree nodes down to their final rows.
+
+On the CPU the pool is anonymous memory that the OS commits page by page when a row is first
+written (`lazy_zeros`): the process's memory follows the rows in use, not the pool's size (the
+block manager hands out the lowest free pages first, so they stay together).
 """
 from __future__ import annotations
 
+import mmap
+
 import torch
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero tensor whose memory is committed when first written: on the CPU an anonymous
+    mapping (zero pages until touched; `torch.zeros` writes, and so commits, every byte at once),
+    elsewhere `torch.zeros`."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if n == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # (the tensor keeps the mapping alive; the mapping is freed with the last view of it)
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8).view(dtype).view(shape)
 
 
 def write_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor,
@@ -30,8 +49,8 @@ class KVCache:
     def __init__(self, num_layers: int, num_rows: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str):
         shape = (num_layers, num_rows, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = lazy_zeros(shape, dtype, device)
+        self.v = lazy_zeros(shape, dtype, device)
 
     @property
     def nbytes(self) -> int:
@@ -54,7 +73,7 @@ class FeatureCache:
     not hold yet. So a sequence that decodes plainly for a while keeps them at no extra call."""
 
     def __init__(self, num_rows: int, width: int, dtype: torch.dtype, device: torch.device | str):
-        self.data = torch.zeros(num_rows, width, dtype=dtype, device=device)
+        self.data = lazy_zeros((num_rows, width), dtype, device)
 
     @property
     def nbytes(self) -> int:
