@@ -53,7 +53,7 @@ def test_a_lock_left_by_a_killed_load_does_not_hang_the_next(tmp_path):
 
 @needs_kernel
 @pytest.mark.parametrize("K", [1, 7, 256])
-@pytest.mark.parametrize("N", [1, 15, 16, 17, 100, 512])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 100, 512, 1000])  # 512, 1000 x 256: panel groups and a tail
 def test_matches_a_float64_gemm(N, K):
     g = torch.Generator().manual_seed(N * 1000 + K)
     w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g)
@@ -72,9 +72,10 @@ def test_matches_a_float64_gemm(N, K):
 
 @needs_kernel
 def test_each_row_is_the_same_whatever_shares_its_call():
-    """Batch invariance: row i's output is bit-identical alone, in any batch up to MAX_ROWS, in any order."""
+    """Batch invariance: row i's output is bit-identical alone, in any batch up to MAX_ROWS, in any
+    order (1000 columns: four groups of panels, the last short, each passed by every row tile)."""
     g = torch.Generator().manual_seed(3)
-    w, b = torch.randn(200, 96, generator=g), torch.randn(200, generator=g)
+    w, b = torch.randn(1000, 96, generator=g), torch.randn(1000, generator=g)
     packed = cpu_dense.pack(w)
     x = torch.randn(cpu_dense.MAX_ROWS, 96, generator=g)
     full = cpu_dense.dense(x, w, packed, b)

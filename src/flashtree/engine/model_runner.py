@@ -34,6 +34,7 @@ from that package.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -115,6 +116,9 @@ def head_rows(head: torch.nn.Module, ids: torch.Tensor) -> Linear:
     with torch.no_grad():
         sub.weight.copy_(W.index_select(0, ids))
     return sub.requires_grad_(False)
+
+
+SLOW_GRAPH_S = 2.0  # a warmup bucket slower than this compiled (a cached package loads in well under)
 
 
 def _at_least_2(n: int) -> int:
@@ -439,14 +443,20 @@ class ModelRunner:
     def warmup(self, buckets: list[tuple[str, int, int]], progress: bool = False) -> float:
         """Run every bucket once through `run_target` / `run_drafter` on dummy inputs (compiling
         it when compiled). Call it while every slot is free: it writes rows past a 5-token dummy
-        context of slots 0..B-1, which no sequence sees. Returns the seconds it took."""
+        context of slots 0..B-1, which no sequence sees. Returns the seconds it took. `progress`:
+        a bar on a terminal, else a line on stderr for each graph that compiled (what, how many,
+        how long) — a first load compiles for minutes and says so."""
         t0 = time.perf_counter()
         bar = None
-        if progress:
+        if progress and sys.stderr.isatty():
             from tqdm import tqdm
             bar = tqdm(total=len(buckets), desc="compiling", unit="graph")
         dev = self.device
-        for model, B, T in buckets:
+        for i, (model, B, T) in enumerate(buckets):
+            what = f"{model} graph, batch {'1' if B == 1 else '>1'} x {'1' if T == 1 else '>1'} tokens"
+            if bar is not None:
+                bar.set_description(f"compiling {what}")
+            t1 = time.perf_counter()
             lengths = torch.full((B,), 5, device=dev)
             pos = (lengths[:, None] + torch.arange(T, device=dev)).contiguous()
             ids = torch.zeros(B, T, dtype=torch.long, device=dev)
@@ -461,6 +471,10 @@ class ModelRunner:
                                  torch.full((B,), C, device=dev), torch.full((B,), T, device=dev))
             if bar is not None:
                 bar.update()
+            elif progress and time.perf_counter() - t1 > SLOW_GRAPH_S:
+                print(f"compiled the {what} ({i + 1}/{len(buckets)}) in {time.perf_counter() - t1:.0f} s, "
+                      f"{time.perf_counter() - t0:.0f} s so far (first load only: cached in {aot_graphs.cache_dir()})",
+                      file=sys.stderr, flush=True)
         if bar is not None:
             bar.close()
         self.warm = self.compiled
