@@ -119,7 +119,7 @@ def test_each_path_this_cpu_runs_forces_kernels_dtype_and_torch(path):
     assert out["isa"] == path
     assert out["aten"] == ("AVX2" if path == "avx2" else "AVX512")
     bf16 = path in ("avx512_bf16", "amx")
-    assert out["auto_dtype"] == ("torch.bfloat16" if bf16 else "torch.float32")
+    assert out["auto_dtype"] == "torch.bfloat16"  # natively, or stored in bf16 and widened by the kernel
     assert out["layouts"]["torch.bfloat16"] == (4 if bf16 else 3)  # k-pair panels only where vdpbf16ps runs
     assert (out["bf16_path"] or "").startswith("AMX") == (path == "amx")
     for key, err in out["err"].items():
@@ -145,7 +145,7 @@ def test_env_json_names_path_dtype_quant_and_threads():
     if cpu.native_isa() == cpu.NONE:
         assert report["isa"] is None
         return
-    assert report["isa"] == "avx2" and report["dtype"] == "float32" and report["threads"] == 1
+    assert report["isa"] == "avx2" and report["dtype"] == "bfloat16" and report["threads"] == 1
     assert "quant" in report and report["cpu_path"]["native_isa"] == cpu.native_isa()
     assert report["platform"]["cpu_capability"] == "AVX2"
 

@@ -52,10 +52,15 @@ FORMAT = 2  # bump when how this module exports or compiles changes (it is not i
 # keeps float32 between ops, and graphs of other shapes fuse differently: a bf16 prompt prefilled
 # by one graph and continued by another decoded other tokens than the same prompt from a prefix-
 # cache hit (1 of 6 greedy SmolLM2 chats equal), so plain decoding was not reproducible.
-# Parallel loops ask OpenMP for the threads torch has now (cpp.dynamic_threads), not the count at
-# compile time: the engine's threads follow the cores other processes leave free (cpu.py).
 _INDUCTOR = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True,
-             "emulate_precision_casts": True, "cpp.dynamic_threads": True}
+             "emulate_precision_casts": True}
+# Compiled with torch's threads at the machine's CPU count, inductor's parallel loops ask OpenMP
+# for the threads torch has when they run (`#pragma omp parallel`, no fixed num_threads), so the
+# engine's thread count (cpu.ThreadGovernor) reaches them, and which loops run in parallel is
+# decided the same way on every compile. (cpp.dynamic_threads does more: it parallelises even a
+# small reduction, whose sums then depend on the thread count and on a call's row count, and
+# speculative greedy decoding stopped matching plain decoding's.)
+_COMPILE_THREADS = os.cpu_count() or 1
 # torch 2.13's export deep-copies treespecs, which constructs its own deprecated LeafSpec: a
 # FutureWarning per graph that no caller can act on, so compiling filters it out
 _LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
@@ -153,7 +158,8 @@ class AOTGraphs:
         self._probe = tuple(first.values())
         self._key = json.dumps(  # fixed now: a later change to anything it names cannot move a package
             {"graph": name, "format": FORMAT, "torch": torch.__version__, "source": _source_digest(), "isa": _vec_isa(),
-             "settings": settings, "inductor": _INDUCTOR, "dims": dims, "mins": self.mins,
+             "settings": settings, "inductor": _INDUCTOR, "compile_threads": _COMPILE_THREADS, "dims": dims,
+             "mins": self.mins,
              "weights": sorted((k, list(t.shape), str(t.dtype)) for k, t in self.weights.items())},
             sort_keys=True, default=str)
         self.packages: dict[frozenset, Callable] = {}
@@ -207,8 +213,13 @@ class AOTGraphs:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _LEAF_SPEC_WARNING, FutureWarning)
                 ep = torch.export.export(self.module, args, dynamic_shapes=(spec,), strict=False)
-                torch._inductor.aoti_compile_and_package(ep, package_path=tmp,
-                                                         inductor_configs=dict(_INDUCTOR))  # (it adds keys)
+                running = torch.get_num_threads()
+                torch.set_num_threads(_COMPILE_THREADS)
+                try:
+                    torch._inductor.aoti_compile_and_package(ep, package_path=tmp,
+                                                             inductor_configs=dict(_INDUCTOR))  # (it adds keys)
+                finally:
+                    torch.set_num_threads(running)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

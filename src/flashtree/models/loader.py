@@ -38,10 +38,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
-    """dtype='auto': (dtype, why). bfloat16 on CUDA and on a CPU that multiplies bf16 natively
-    (AMX or AVX512-BF16: the projections then stream half the bytes at the same speed per
-    byte); float32 elsewhere, where bf16 products are emulated and slower than float32.
-    FLASHTREE_DTYPE (a dtype name) overrides the choice, as FLASHTREE_COMPILE does compile's."""
+    """dtype='auto': (dtype, why). bfloat16 on CUDA and on every CPU path where flashtree's
+    kernel runs: it multiplies bf16 natively on avx512_bf16 / amx, and on avx2 / avx512 it
+    stores the weights in bf16 and widens them to float32 in registers — half the bytes a step
+    streams. On the AVX2 path (forced on a Xeon, SmolLM2 + drafter, 16 held-out chats) that ran
+    plain decoding at 73 against 51 tok/s in float32 and the default at 98 against 78, every
+    forward width faster (benchmarks/cpu_paths_2026-12-06, forwards_paths_2026-12-06). float32
+    where the kernel does not run (torch's own bf16 products are emulated there, slower than
+    float32). FLASHTREE_DTYPE (a dtype name) overrides the choice, as FLASHTREE_COMPILE does compile's."""
     forced = switches.value("FLASHTREE_DTYPE")
     if forced and forced != "auto":
         if forced not in DTYPES:
@@ -50,10 +54,15 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     if device.type == "cuda":
         return torch.bfloat16, "CUDA"
     from .. import cpu
+    from . import cpu_dense
     native = cpu.bf16_native()
     if native is not None:
         return torch.bfloat16, f"the {cpu.isa()} path multiplies bf16 natively ({native})"
-    return torch.float32, f"the {cpu.isa()} path has no native bf16 products (no amx_bf16 / avx512_bf16)"
+    if cpu_dense.available():
+        return torch.bfloat16, (f"the {cpu.isa()} path: bf16 weights widened to float32 in registers by flashtree's "
+                                f"kernel, half the bytes of float32 (FLASHTREE_DTYPE=float32 for float32)")
+    return torch.float32, (f"the {cpu.isa()} path without flashtree's kernel ({cpu_dense.why_unavailable()}): "
+                           f"bf16 products would be emulated")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
