@@ -214,7 +214,7 @@ def test_json_formatter_writes_one_object_per_line():
 def test_cli_serve_json_logs_with_the_decode_batch_line(tiny_pair):
     port = free_port()
     cmd = [sys.executable, "-m", "flashtree.cli", "serve", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
-           "--port", str(port), "--log-format", "json", "--log-interval", "0.2", "--budget", "4", "--topk", "2"]
+           "--port", str(port), "--log-format", "json", "--log-interval", "0.2", "--method", "ddtree", "--budget", "4", "--topk", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "FLASHTREE_API_KEY": ""})
     base = f"http://127.0.0.1:{port}"

@@ -212,3 +212,25 @@ def test_compiled_bf16_plain_decoding_is_reproducible():
     again = [llm.chat([c], p, use_tqdm=False)[0].token_ids for c in convs]  # prefix-cache hits
     batch = [o.token_ids for o in llm.chat(convs, p, use_tqdm=False)]
     assert again == alone and batch == alone
+
+
+@pytest.mark.slow
+def test_compiled_speculative_greedy_equals_plain_on_every_thread_count():
+    """The default model compiled, at two threads and at one (the counts the thread governor moves
+    between beside a busy neighbour): every drafting method's greedy output equals plain decoding's,
+    and plain decoding's is the same at either count. (Packages compiled with inductor's
+    cpp.dynamic_threads parallelised small reductions: at two threads dflash, ddtree and hybrid
+    stopped matching plain decoding.)"""
+    convs = [[{"role": "user", "content": c}] for c in CHATS[:3]]
+    p = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    plain = {}
+    for threads in (2, 1):
+        llm = LLM(model="smollm2-135m-instruct", compile=True, threads=threads)
+        assert llm.method == "hybrid"
+        plain[threads] = [llm.chat([c], p, use_tqdm=False, method="ar")[0].token_ids for c in convs]
+        for method in ("dflash", "ddtree", "hybrid"):
+            out = [llm.chat([c], p, use_tqdm=False, method=method)[0] for c in convs]
+            assert [o.token_ids for o in out] == plain[threads], (threads, method)
+            assert method == "dflash" or sum(o.metrics.mean_accept_length for o in out) / len(out) > 1.5
+        llm.close()
+    assert plain[1] == plain[2]

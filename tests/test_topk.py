@@ -130,7 +130,8 @@ def test_no_node_has_more_than_topk_children_and_greedy_equals_ar(llm, topk):
 
 
 def test_the_engine_default_cap_applies_and_a_request_overrides_it(tiny_pair):
-    llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], budget=6, topk=1, dtype="float32", device="cpu")
+    llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], method="ddtree", budget=6, topk=1, dtype="float32",
+              device="cpu")
     llm.engine.round_log = []
     llm.generate([[3, 4]], GREEDY, use_tqdm=False)
     llm.generate([[3, 4]], GREEDY, use_tqdm=False, topk=4)
@@ -172,14 +173,15 @@ def test_topk_is_validated_with_a_clear_error(llm, tiny_pair):
         llm.generate([[1, 2]], GREEDY, use_tqdm=False, method="dflash", topk=1)
     assert not llm.engine.has_work()
     with pytest.raises(UserError, match=r"topk .*\[1, budget=4\]"):
-        LLM(model=tiny_pair[0], draft=tiny_pair[1], budget=4, topk=5, device="cpu")
+        LLM(model=tiny_pair[0], draft=tiny_pair[1], method="ddtree", budget=4, topk=5, device="cpu")
     with pytest.raises(UserError, match="topk applies to method 'ddtree' only"):
         LLM(model=tiny_pair[0], draft=tiny_pair[1], method="ar", topk=1, device="cpu")
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--topk", "0"], "--topk must be in [1, 32]"),  # the default budget "auto" drafts up to 32 nodes
-    (["--budget", "4", "--topk", "5"], "--topk must be in [1, 4]"),
+    (["--method", "ddtree", "--topk", "0"], "--topk must be in [1, 32]"),  # budget "auto" drafts up to 32 nodes
+    (["--method", "ddtree", "--budget", "4", "--topk", "5"], "--topk must be in [1, 4]"),
+    (["--topk", "2"], "--method hybrid has no tree"),  # the default method takes no cap
     (["--method", "dflash", "--topk", "1"], "--topk caps the branching of a DDTree"),
 ])
 def test_cli_rejects_a_bad_topk(tiny_pair, argv, message, capsys):
@@ -191,11 +193,11 @@ def test_cli_rejects_a_bad_topk(tiny_pair, argv, message, capsys):
 
 def test_cli_generate_and_trace_take_topk(tiny_pair, tmp_path, capsys):
     model = ["--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1])]
-    assert main(["generate", "t1 t2", *model, "--budget", "7", "--topk", "1", "--max-tokens", "8", "--json"]) == 0
+    assert main(["generate", "t1 t2", *model, "--method", "ddtree", "--budget", "7", "--topk", "1", "--max-tokens", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) == 8
     page = tmp_path / "t.html"
-    assert main(["trace", "t1 t2", *model, "--budget", "7", "--topk", "2", "--max-tokens", "8", "--out", str(page)]) == 0
+    assert main(["trace", "t1 t2", *model, "--method", "ddtree", "--budget", "7", "--topk", "2", "--max-tokens", "8", "--out", str(page)]) == 0
     text = page.read_text()
     assert "<b>topk</b><span>2</span>" in text and '"topk": 2' in text
 

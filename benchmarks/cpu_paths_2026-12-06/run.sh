@@ -3,7 +3,7 @@
 # runs (FLASHTREE_ISA forces the lower ones), 16 held-out chats x 128 tokens, C=1 and C=8,
 # T=0 and T=1, 2 timed passes after a warm-up. Each argument is PATH or PATH:DTYPE (default:
 # the path's dtype auto). From the repository root on a quiet machine:
-#   ../shared/tools/quiet && bash benchmarks/cpu_paths_2026-12-06/run.sh amx avx2 avx2:bfloat16
+#   ../shared/tools/quiet && bash benchmarks/cpu_paths_2026-12-06/run.sh amx avx2 avx2:float32
 set -euo pipefail
 out=benchmarks/cpu_paths_2026-12-06
 lscpu > "$out/lscpu.txt"
