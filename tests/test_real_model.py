@@ -221,11 +221,12 @@ def test_compiled_speculative_greedy_equals_plain_on_every_thread_count():
     and plain decoding's is the same at either count. (Packages compiled with inductor's
     cpp.dynamic_threads parallelised small reductions: at two threads dflash, ddtree and hybrid
     stopped matching plain decoding.)"""
-    convs = [[{"role": "user", "content": c}] for c in CHATS[:3]]
-    p = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    demo = "Write a Python function that checks whether a number is prime, with a docstring."  # make demo's
+    convs = [[{"role": "user", "content": c}] for c in [demo, *CHATS[:3]]]
+    p = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     plain = {}
     for threads in (2, 1):
-        llm = LLM(model="smollm2-135m-instruct", compile=True, threads=threads)
+        llm = LLM(model="smollm2-135m-instruct", dtype="bfloat16", compile=True, threads=threads)
         assert llm.method == "hybrid"
         plain[threads] = [llm.chat([c], p, use_tqdm=False, method="ar")[0].token_ids for c in convs]
         for method in ("dflash", "ddtree", "hybrid"):
