@@ -3,8 +3,7 @@
 - **The path** (`isa()`): the highest of avx2 < avx512 < avx512_bf16 < amx that the CPU has, or a
   lower one forced with FLASHTREE_ISA on any machine (so every path is tested and measured on
   whatever machine a session has). It decides flashtree's kernels (`models/cpu_dense.py` and the
-  C++, which reads the same variable), dtype auto (bf16 only on the two bf16 paths) and torch's
-  own kernels: `prepare()` sets ATEN_CPU_CAPABILITY to match before torch loads (inductor's
+  C++, which reads the same variable), dtype auto (`models/loader.py`) and torch's own kernels: `prepare()` sets ATEN_CPU_CAPABILITY to match before torch loads (inductor's
   generated code follows it too). A path above the CPU's is refused: it would crash.
 - **The threads** (`threads()`): FLASHTREE_THREADS, else one per core; the engine's
   `ThreadGovernor` runs as many of them as the cores other processes leave free. OpenMP's idle

@@ -197,13 +197,14 @@ def run(args) -> int:
               f"{load_before['cpus']} CPUs: other work will skew the numbers", file=sys.stderr)
     with tqdm(total=plan.passes(sum(len(p.runs) for p in peers)), desc="bench", unit="pass", file=sys.stderr) as bar:
         results = bm.run_bench(llm, prompt_ids, base, plan, peers, progress=bar)
+    path = env.cpu_path()
     meta = {
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": portable_command(sys.argv[1:]),
         "model": bm.portable_path(llm.model_path),
         "draft": bm.portable_path(llm.draft_path) if llm.draft_path else None,
         "block_size": llm.engine.limits.default_block_size, "device": str(llm.engine.device),
         "dtype": str(llm.engine.dtype).removeprefix("torch."), "quant": None,
-        "isa": env.cpu_path()["isa"], "threads": llm.engine.threads.most, "cpu_path": env.cpu_path(),
+        "isa": path["isa"], "threads": llm.engine.threads.most, "cpu_path": path,
         "prompts": bm.portable_path(args.prompts or PROMPTS_FILE),
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
         "max_tokens": base.max_tokens, "ignore_eos": base.ignore_eos, "top_k": base.top_k,

@@ -201,7 +201,7 @@ class Engine:
                 running.stop()
             raise
         if running is not None:
-            if progress and running.process.poll() is None:
+            if progress and not running.done():
                 print(f"waiting for the compile helper's {len(theirs)} graph(s) ...", file=sys.stderr, flush=True)
             running.wait()
             secs += self.runner.warmup(theirs, progress)

@@ -53,20 +53,6 @@ _SOURCES = [str(Path(__file__).with_name(f))
 _HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
 
 
-def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags (`cpu.cpu_flags`)."""
-    return cpu.cpu_flags()
-
-
-def _cpu_has_avx2_fma() -> bool:
-    return cpu.at_least("avx2")
-
-
-def cpu_bf16_native() -> str | None:
-    """The instructions that multiply bf16 natively on the path in use ('amx_bf16', 'avx512_bf16'), or None."""
-    return cpu.bf16_native()
-
-
 def bf16_dot() -> bool:
     """bf16 projections use the AVX512-BF16 kernel (`cpu_dense_bf16.cpp`): the avx512_bf16 and amx paths."""
     return cpu.at_least("avx512_bf16")
@@ -86,7 +72,7 @@ def _why_not() -> str | None:
     """Why the kernel cannot be used here, or None when it can be built."""
     if switches.is_off("FLASHTREE_CPU_KERNEL"):
         return "FLASHTREE_CPU_KERNEL=0"
-    if not _cpu_has_avx2_fma():
+    if not cpu.at_least("avx2"):
         return f"needs an x86-64 CPU with AVX2 and FMA (this is {platform.machine()}, path {cpu.isa()})"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler (set CXX or install g++)"
