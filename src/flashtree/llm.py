@@ -21,6 +21,7 @@ from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfi
 from .engine.sequence import RequestMetrics, Sequence
 from .errors import UserError
 from .models.loader import load_drafter, load_target
+from .models.quant import describe as describe_quant
 from .models.registry import BUNDLED_DRAFTER, BUNDLED_TARGET, resolve  # noqa: F401 (re-exported)
 from .sampling_params import SamplingParams
 from .speculative.proposer import METHODS, needs_drafter
@@ -84,7 +85,8 @@ class LLM:
                  min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int | None = None, prefill_stall: float | None = DEFAULT_PREFILL_STALL,
-                 tensor_parallel_size: int = 1, precompile: str = "single", threads: int | None = None):
+                 tensor_parallel_size: int = 1, precompile: str = "single", threads: int | None = None,
+                 quant: str | None = "auto"):
         if precompile not in PRECOMPILE:
             raise UserError(f"precompile must be one of {', '.join(map(repr, PRECOMPILE))}, got {precompile!r}")
         self.precompile = precompile
@@ -107,26 +109,28 @@ class LLM:
         self.model_path, self.draft_path = Path(model), Path(draft) if draft else None
         self._ranks = self._tensor_parallel(tensor_parallel_size, config, dtype, device)
         try:
-            self._load(config, dtype, device)
+            self._load(config, dtype, device, quant)
         except BaseException:
             self.close()  # a half-built LLM leaves no rank waiting for it
             raise
 
-    def _load(self, config: EngineConfig, dtype, device) -> None:
+    def _load(self, config: EngineConfig, dtype, device, quant) -> None:
         """Weights, tokenizer and engine; with tensor parallelism, form the group with the other ranks."""
         tp = None
         if self._ranks is not None:
             from .models.parallel import TPGroup
             tp = TPGroup(0, self._ranks.world)
-        self.target = load_target(self.model_path, dtype=dtype, device=device, tp=tp).fuse()
+        self.target = load_target(self.model_path, dtype=dtype, device=device, tp=tp, quant=quant).fuse()
+        self.quant = describe_quant(self.target)  # None: float weights
         self.drafter = load_drafter(self.draft_path, self.target).fuse() if self.draft_path else None
         self.tokenizer = Tokenizer(self.model_path)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
                              decode=self.tokenizer.decode)
         eng = self.engine
-        log.info("loaded %s%s: %s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
+        log.info("loaded %s%s: %s%s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
                  self.model_name or self.model_path, f" + drafter {self.draft_path.name}" if self.draft_path else "",
-                 str(eng.dtype).removeprefix("torch."), eng.device, cpu.isa() if eng.device.type == "cpu" else "-",
+                 str(eng.dtype).removeprefix("torch."), f", weights {self.quant}" if self.quant else "", eng.device,
+                 cpu.isa() if eng.device.type == "cpu" else "-",
                  eng.threads.most, cpu.thread_policy(), eng.blocks.capacity_tokens)
         if self._ranks is not None:
             self.engine.runner.attach(self._ranks.join(self.engine.device))
@@ -134,7 +138,8 @@ class LLM:
         if self._ranks is None:  # about half of the graphs compile in a helper process meanwhile
             rebuild = compile_helper.Rebuild(
                 str(self.model_path), str(self.draft_path) if self.draft_path else None,
-                str(self.engine.dtype).removeprefix("torch."), config, self.engine.threads.most)
+                str(self.engine.dtype).removeprefix("torch."), config, self.engine.threads.most,
+                quant if self.quant else None)
             helper = compile_helper.start(rebuild)
             if self.precompile == "background":
                 background = compile_helper.start(rebuild, nice=compile_helper.BACKGROUND_NICE)

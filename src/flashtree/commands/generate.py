@@ -37,7 +37,11 @@ def add_model_arguments(p) -> None:
     p.add_argument("--min-ngram", type=int, default=None, help="ngram: shortest suffix n-gram looked up (default 1)")
     p.add_argument("--draft-len", type=int, default=None, help="ngram: longest chain copied per round (default 10)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (activations and float weights)")
+    p.add_argument("--quant", default="auto", choices=("auto", "none", "q8_0", "q4_0"),
+                   help="weights in blocks on the CPU: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks (other types "
+                        "dequantized, with a warning), none runs float weights, q8_0/q4_0 quantize every projection "
+                        "at load (default auto)")
     p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
                         "--no-compile runs eager PyTorch")
@@ -103,7 +107,7 @@ def load_llm(args, precompile: str = "single", **kw):
         args.method = default_method(resolve(args.model, args.draft).drafter)
     check_topk(args)
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
-               block_size=args.block_size, device=args.device, dtype=args.dtype,
+               block_size=args.block_size, device=args.device, dtype=args.dtype, quant=args.quant,
                max_ngram=getattr(args, "max_ngram", None), min_ngram=getattr(args, "min_ngram", None),
                draft_len=getattr(args, "draft_len", None),
                compile="auto" if getattr(args, "compile", None) is None else args.compile,

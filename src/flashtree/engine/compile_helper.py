@@ -42,12 +42,14 @@ COST = {"target": 3, "drafter": 1}
 class Rebuild:
     """What a helper needs to build the loading process's engine again: the model and drafter
     directories, the dtype the weights were loaded in (resolved, never "auto"), the config, and
-    torch's thread count (inductor sizes a CPU kernel's parallel loops by it)."""
+    torch's thread count (inductor sizes a CPU kernel's parallel loops by it), and the quant the
+    target was loaded with (None: float weights)."""
     model: str
     draft: str | None
     dtype: str
     config: EngineConfig
     threads: int
+    quant: str | None = None
 
 
 def cores() -> int:
@@ -133,7 +135,7 @@ def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
     from ..models.loader import load_drafter, load_target
     from .engine import Engine
     torch.set_num_threads(rebuild.threads)
-    target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu").fuse()
+    target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu", quant=rebuild.quant).fuse()
     drafter = load_drafter(rebuild.draft, target).fuse() if rebuild.draft else None
     Engine(target, drafter, rebuild.config).runner.warmup(buckets)
 

@@ -52,6 +52,7 @@ from .kv_cache import FeatureCache, KVCache, write_features, write_rows
 from ..models.drafter import DFlashDrafter
 from ..models import cpu_dense
 from ..models.layers import Linear, pack_projections
+from ..models.quant import QuantLinear
 from ..models.target import TargetModel
 
 log = logging.getLogger("flashtree.engine")
@@ -109,8 +110,10 @@ def draft_vocabulary(drafter: DFlashDrafter | None) -> np.ndarray | None:
     return np.asarray(drafter.config.draft_vocab, dtype=np.int64)
 
 
-def head_rows(head: torch.nn.Module, ids: torch.Tensor) -> Linear:
+def head_rows(head: torch.nn.Module, ids: torch.Tensor) -> Linear | QuantLinear:
     """A bias-free LM head holding rows `ids` of `head`'s weight (a copy: the target keeps its own)."""
+    if isinstance(head, QuantLinear):
+        return QuantLinear(head.blocks.rows(ids))
     W = head.weight.detach()
     sub = Linear(W.shape[1], ids.shape[0], bias=False, device=W.device, dtype=W.dtype)
     with torch.no_grad():

@@ -238,14 +238,17 @@ class Cell:
 P_MIN, TV_MARGIN = 1e-3, 0.005
 
 
-def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None, seed: int = 0, patch=None) -> Cell:
+def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None, seed: int = 0, patch=None,
+               exact_of=None) -> Cell:
     """Sample cell.n runs and test their first n_tokens against the exact distribution. The default
     n_tokens = block_size + 1 counts the prefill token and every draw of the first round — root,
-    each depth of the accepted path, and the bonus after a full accept."""
+    each depth of the accepted path, and the bonus after a full accept. exact_of: the model whose
+    exact distribution the samples are tested against (default `target`; another one is a
+    negative control)."""
     if n_tokens is None:
         n_tokens = drafter.config.block_size + 1 if drafter is not None else 3
     cell.n_tokens = n_tokens
-    exact = exact_distribution(target, prompt, cell.params, n_tokens)
+    exact = exact_distribution(target if exact_of is None else exact_of, prompt, cell.params, n_tokens)
     if cell.drafts == "target":
         drafts, wrong = _target_drafts(target), patch
         patch = (lambda eng: (drafts(eng), wrong(eng))) if wrong is not None else drafts

@@ -49,7 +49,8 @@ MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the 
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
 TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
 _SOURCES = [str(Path(__file__).with_name(f))
-            for f in ("cpu_dense.cpp", "cpu_dense_bf16.cpp", "cpu_attention.cpp", "cpu_topk.cpp", "cpu_sample.cpp")]
+            for f in ("cpu_dense.cpp", "cpu_dense_bf16.cpp", "cpu_quant.cpp", "cpu_attention.cpp", "cpu_topk.cpp",
+                      "cpu_sample.cpp")]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
 
 
@@ -151,6 +152,8 @@ def _load() -> str | None:
             torch.library.register_fake("flashtree::dense")(_dense_shape)
             torch.library.register_fake("flashtree::dense_bf16")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
+            from .quant import qdense_shape
+            torch.library.register_fake("flashtree::qdense")(qdense_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
             why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"

@@ -1,11 +1,12 @@
-"""GGUF files as users have them: dequantized once into an HF directory flashtree loads.
+"""GGUF files as users have them: their metadata as an HF directory, weights read from the file.
 
-`convert_gguf(src, out)` reads a llama / qwen2 / qwen3 `.gguf` with transformers' GGUF
+`cached_conversion(src)` writes a file's config and tokenizer once into flashtree's cache, a
+directory whose weights `gguf_weights.py` reads from the file at load (blocks kept; see there).
+`convert_gguf(src, out)` (`flashtree convert`, and `cached_conversion(src, weights=True)`) reads a llama / qwen2 / qwen3 `.gguf` with transformers' GGUF
 integration (which dequantizes with the `gguf` package and undoes llama.cpp's Q/K row
 permutation), then writes `config.json`, `model.safetensors`, `generation_config.json` and the
 tokenizer (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) built from the
-file's metadata. `cached_conversion(src)` does that once per file into flashtree's cache and
-returns the directory on later calls; `gguf_source(dir)` names the file a directory was converted
+file's metadata. `gguf_source(dir)` names the file a directory was converted
 from. `requantize_gguf` writes a file's weights again unquantized (the F32/BF16 files the llama.cpp
 peer reads; `cached_requantization` once per file). Nothing here runs a model.
 """
@@ -43,8 +44,10 @@ def _need(module: str) -> None:
                           "accelerate)")
 
 
-def convert_gguf(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
-    """Write the HF directory of the GGUF file `src` into `out` (weights stored as `dtype`)."""
+def convert_gguf(src: str | Path, out: str | Path, dtype: str = "float32", weights: bool = True) -> Path:
+    """Write the HF directory of the GGUF file `src` into `out` (weights stored as `dtype`).
+    weights=False writes the config, generation config and tokenizer only, and marks the
+    directory as reading its weights from `src` (`gguf_weights.py`): no dequantization, seconds."""
     src, out = Path(src), Path(out)
     if not src.is_file():
         raise ConfigError(f"{src}: file not found")
@@ -55,58 +58,79 @@ def convert_gguf(src: str | Path, out: str | Path, dtype: str = "float32") -> Pa
         raise ConfigError(f"--dtype '{dtype}' is not supported; use one of {', '.join(DTYPES)}")
     for m in ("transformers", "gguf", "accelerate"):
         _need(m)
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"{src}: architecture '{config.model_type}'; flashtree loads GGUF files of "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    tied = bool(model.config.tie_word_embeddings)
-    state = {n: t.detach().to(DTYPES[dtype]).contiguous() for n, t in model.state_dict().items()
-             if not (tied and n == "lm_head.weight")}  # a tied head is the embedding, as transformers saves it
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    raw = model.config.to_dict()
-    raw.pop("quantization_config", None)  # the weights written are plain tensors
+    if weights:
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+        tied = bool(model.config.tie_word_embeddings)
+        state = {n: t.detach().to(DTYPES[dtype]).contiguous() for n, t in model.state_dict().items()
+                 if not (tied and n == "lm_head.weight")}  # a tied head is the embedding, as transformers saves it
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config, generation = model.config, model.generation_config
+    else:
+        generation = GenerationConfig.from_model_config(config)
+    raw = config.to_dict()
+    raw.pop("quantization_config", None)  # the weights are plain tensors, or read from the file
     raw["torch_dtype"] = raw["dtype"] = str(DTYPES[dtype]).removeprefix("torch.")
     (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(tmp)
+    if generation is not None:
+        generation.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / CONVERTED_MARK).write_text(json.dumps({
         "source": str(src), "size": src.stat().st_size, "mtime_ns": src.stat().st_mtime_ns, "dtype": dtype,
-        "seconds": round(time.perf_counter() - t0, 1)}, indent=2) + "\n")
+        "weights": "safetensors" if weights else "gguf", "seconds": round(time.perf_counter() - t0, 1)},
+        indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     return out
 
 
-def cached_conversion(src: str | Path) -> Path:
-    """The cached HF directory of `src` (converted in float32 on first use; a changed file,
-    by size or modification time, is converted again)."""
+def cached_conversion(src: str | Path, weights: bool = False) -> Path:
+    """The cached HF directory of `src`: its config and tokenizer, weights read from `src` at
+    load (`weights_in_gguf`); weights=True also writes them dequantized in float32 (what
+    transformers reads). Made on first use; a changed file, by size or modification time, again."""
     src = Path(src).resolve()
     if not is_gguf(src):
         raise ConfigError(f"{src}: not a GGUF file" if src.is_file() else f"{src}: file not found")
     st = src.stat()
-    out = cache_root() / "gguf" / f"{src.stem}-{st.st_size:x}-{st.st_mtime_ns:x}"
+    out = cache_root() / "gguf" / f"{src.stem}-{st.st_size:x}-{st.st_mtime_ns:x}{'' if weights else '.meta'}"
     mark = out / CONVERTED_MARK
     if mark.is_file():
         return out
-    log.warning("converting %s to an HF directory in %s (once; later loads read the cache)", src.name, out)
+    if weights:
+        log.warning("converting %s to an HF directory in %s (once; later loads read the cache)", src.name, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     import fcntl
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting the same file: wait for it
         if not mark.is_file():
-            convert_gguf(src, out)
+            convert_gguf(src, out, weights=weights)
     return out
+
+
+def weights_in_gguf(model_dir: str | Path) -> Path | None:
+    """The GGUF file a converted directory reads its weights from (written with weights=False),
+    while that file is unchanged; None for a directory with its own weights."""
+    mark = Path(model_dir) / CONVERTED_MARK
+    if not mark.is_file() or json.loads(mark.read_text()).get("weights") != "gguf":
+        return None
+    src = gguf_source(model_dir)
+    if src is None:
+        raise ConfigError(f"{model_dir}: reads its weights from a GGUF file that is gone or changed; delete the "
+                          f"directory and load the file again")
+    return src
 
 
 def requantize_gguf(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from . import cpu_dense
+from . import cpu_dense, quant
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -82,6 +82,18 @@ def pack_projections(model: nn.Module) -> bool:
         if isinstance(m, (Linear, Attention)):
             m.pack()
     return True
+
+
+def _fused_blocks(parts) -> quant.QuantLinear | None:
+    """Quantized projections' rows as one (None where they are not all blocks of one kind: unfused)."""
+    if not all(isinstance(p, quant.QuantLinear) for p in parts):
+        return None
+    blocks = quant.cat([p.blocks for p in parts])
+    if blocks is None:
+        return None
+    biases = [p.bias for p in parts]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return quant.QuantLinear(blocks, bias)
 
 
 class RMSNorm(nn.Module):
@@ -183,7 +195,7 @@ class Attention(nn.Module):
 
     def pack(self) -> None:
         """Pack the k/v rows of the fused weight for `project_kv` (the projections pack themselves)."""
-        if hasattr(self, "qkv_proj"):
+        if hasattr(self, "qkv_proj") and isinstance(self.qkv_proj, Linear):
             self.kv_packed = _packed_for_cpu(self.qkv_proj.weight[self.n_heads * self.head_dim:])
 
     def fuse(self) -> None:
@@ -191,6 +203,12 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             return
         parts = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(isinstance(p, Linear) for p in parts):
+            fused = _fused_blocks(parts)
+            if fused is not None:
+                self.qkv_proj = fused
+                del self.q_proj, self.k_proj, self.v_proj
+            return
         fused = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
         fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
         with torch.no_grad():
@@ -263,6 +281,12 @@ class MLP(nn.Module):
         if hasattr(self, "gate_up_proj"):
             return
         g, u = self.gate_proj, self.up_proj
+        if not (isinstance(g, Linear) and isinstance(u, Linear)):
+            fused = _fused_blocks((g, u))
+            if fused is not None:
+                self.gate_up_proj = fused
+                del self.gate_proj, self.up_proj
+            return
         fused = Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None)
         fused = fused.to(device=g.weight.device, dtype=g.weight.dtype)
         with torch.no_grad():

@@ -140,23 +140,60 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
         raise ConfigError(f"{path}: weight(s) missing from the safetensors files: {shown}")
 
 
-def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | None = None) -> TargetModel:
+def resolve_quant(quant: str | None, device: torch.device) -> str | None:
+    """quant as the loader applies it: "auto" keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks;
+    None / "none" runs float weights; "q8_0" / "q4_0" quantizes every projection at load. Blocks
+    run on flashtree's CPU kernel only: without it "auto" means float, and a quant asked for by
+    name is refused with the reason."""
+    from . import cpu_dense, quant as q
+    quant = None if quant in (None, "none") else quant
+    if quant not in (None, "auto", *q.QUANTS):
+        raise ConfigError(f"quant '{quant}' is not supported; use one of auto, none, {', '.join(q.QUANTS)}")
+    if quant is None:
+        return None
+    why = "quantized weights run on the CPU only" if device.type != "cpu" else cpu_dense.why_unavailable()
+    if why is None:
+        return quant
+    if quant == "auto":
+        return None
+    raise ConfigError(f"quant '{quant}' needs flashtree's CPU kernel, which is not available here ({why}); "
+                      f"use quant='none'")
+
+
+def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | None = None,
+                quant: str | None = "auto") -> TargetModel:
     """tp: load only rank tp.rank's shard of the target (its heads and intermediate rows); its
-    layers then all-reduce their row-parallel outputs (`parallel.py`)."""
+    layers then all-reduce their row-parallel outputs (`parallel.py`). quant: `resolve_quant`;
+    a directory converted from a GGUF reads its weights from the file (`gguf_weights.py`)."""
+    from .gguf import weights_in_gguf
+    from .gguf_weights import load_gguf_weights
+    from .quant import quantize_projections
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if dtype == "auto":
         log.info("dtype auto: %s (%s)", str(dt).removeprefix("torch."), auto_dtype(dev)[1])
+    qt = resolve_quant(quant, dev) if tp is None else None
+    src = weights_in_gguf(path)
+    if src is not None and tp is not None:  # shards come from a float checkpoint: the file's, dequantized once
+        from .gguf import cached_conversion
+        path, src = cached_conversion(src, weights=True), None
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
     model = model.to_empty(device=dev).to(dt)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
-    tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
-    load_state(model, path, ignorable=tied, optional=tied, tp=tp)
+    if src is not None:
+        forms = load_gguf_weights(model, src, qt)
+        log.info("weights from %s: %s", src.name, ", ".join(f"{v} {k}" for k, v in forms.items()))
+        model.to(dev)
+    else:
+        tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
+        load_state(model, path, ignorable=tied, optional=tied, tp=tp)
+        if qt in ("q8_0", "q4_0"):
+            quantize_projections(model, qt)
     if tp is not None:
         reduce = make_all_reduce()
         for layer in model.model.layers:

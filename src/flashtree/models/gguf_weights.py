@@ -1,0 +1,145 @@
+"""A GGUF file's weights read straight into a `TargetModel`: blocks kept, nothing converted.
+
+`load_gguf_weights(model, src, quant)` reads every tensor of a llama / qwen2 / qwen3 `.gguf`
+(the `gguf` package's reader maps the file; each tensor is copied out once) under its HF name:
+- `quant="auto"`: Q8_0 / Q4_0 / Q4_1 projections and embeddings stay in their blocks
+  (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks);
+  any other type (K-quants, F16, ...) is dequantized into the model's dtype, with one warning
+  naming the types and what they cost;
+- `quant=None`: every tensor dequantized into the model's dtype (what a float checkpoint gives);
+- `quant="q8_0" | "q4_0"`: every projection quantized to that type at load (llama.cpp's rounding),
+  kept types included (a Q4_1 file asked for q8_0 is dequantized first: no bits come back).
+llama.cpp stores llama's q/k rows permuted for its rotary layout; they are put back in HF's order
+(a row permutation, so blocks move whole). The config and tokenizer come from `gguf.py`'s
+conversion of the metadata; nothing here builds a model or runs one.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from . import quant as q
+
+log = logging.getLogger("flashtree.models")
+
+# GGUF tensor name (after `blk.N.`) -> HF name (after `model.layers.N.`)
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias", "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(name: str) -> str | None:
+    """The HF name of a GGUF tensor name, or None for one flashtree does not read (e.g. rope_freqs)."""
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    hit = _BLOCK.fullmatch(name)
+    if hit and hit.group(2) in _LAYER_NAMES:
+        return f"model.layers.{hit.group(1)}.{_LAYER_NAMES[hit.group(2)]}"
+    return None
+
+
+def unpermute_rows(n: int, heads: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's q/k permutation of a [heads * D, ...] weight: its
+    converter writes rows (h, i, j) -> (h, j, i) over [heads, 2, D/2]; HF's row r is its row order[r]."""
+    return np.arange(n).reshape(heads, n // heads // 2, 2).swapaxes(1, 2).reshape(n)
+
+
+def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
+    parent, _, leaf = dotted.rpartition(".")
+    setattr(model.get_submodule(parent), leaf, module)
+
+
+def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "auto") -> dict[str, int]:
+    """Fill `model` (a TargetModel built for the file's config, on the CPU, in its dtype) from `src`.
+    Returns how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    if quant not in (None, "auto", *q.QUANTS):
+        raise ConfigError(f"quant '{quant}' is not supported; use auto, none or one of {', '.join(q.QUANTS)}")
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    cfg = model.config
+    dtype = next(p for p in model.parameters()).dtype
+    params = dict(model.named_parameters())
+    tied = bool(cfg.tie_word_embeddings)
+    forms: dict[str, int] = {}
+    costly: dict[str, int] = {}
+    seen: set[str] = set()
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        kind = t.tensor_type.name.lower()
+        n, k = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
+        order = None
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
+            order = unpermute_rows(n, heads)
+        raw = np.asarray(t.data)
+        matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
+        keep = matrix and kind in q.KINDS and quant == "auto"
+        if keep:
+            blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
+            if order is not None:
+                blocks = blocks.rows(torch.from_numpy(order))
+        else:
+            if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "auto":
+                costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
+            w = torch.from_numpy(np.ascontiguousarray(dequantize(raw, t.tensor_type)).astype(np.float32))
+            w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)
+            if order is not None:
+                w = w[torch.from_numpy(order)]
+            if matrix and quant in q.QUANTS:
+                blocks, keep = q.quantize(w, quant), True
+        if keep:
+            forms[blocks.kind] = forms.get(blocks.kind, 0) + 1
+            if name == "model.embed_tokens.weight":
+                _set_module(model, "model.embed_tokens", q.QuantEmbedding(blocks, dtype))
+                if tied:
+                    model.lm_head = q.QuantLinear(blocks)
+            else:
+                mod = name.removesuffix(".weight")
+                old = model.get_submodule(mod)
+                _set_module(model, mod, q.QuantLinear(blocks, old.bias))  # (its bias, read before or after)
+        else:
+            forms["float"] = forms.get("float", 0) + 1
+            if name not in params:
+                raise ConfigError(f"{src}: tensor '{t.name}' ({name}) is not a weight of the model its metadata "
+                                  f"describes")
+            p = params[name]
+            if tuple(p.shape) != tuple(w.shape):
+                raise ConfigError(f"{src}: tensor '{t.name}' has shape {list(w.shape)}, the config implies "
+                                  f"{list(p.shape)}")
+            with torch.no_grad():
+                p.copy_(w.to(p.dtype))
+        seen.add(name)
+    if tied and "lm_head.weight" not in seen and not isinstance(model.lm_head, q.QuantLinear):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        seen.add("lm_head.weight")
+    missing = [n for n in params if n not in seen]
+    if missing:
+        raise ConfigError(f"{src}: weight(s) missing from the file: {', '.join(missing[:5])}"
+                          f"{' ...' if len(missing) > 5 else ''}")
+    if costly:
+        log.warning("%s: %s tensor(s) dequantized to %s at load (flashtree keeps %s in their blocks): each "
+                    "streams %s the bytes its blocks would", src.name,
+                    ", ".join(f"{v} {k_}" for k_, v in costly.items()), str(dtype).removeprefix("torch."),
+                    ", ".join(x.upper() for x in q.KINDS), "2-4x" if dtype != torch.float32 else "4-8x")
+    return forms
+

@@ -1,0 +1,240 @@
+"""Weights kept in GGUF's blocks of 32: Q8_0, Q4_0 and Q4_1, as files hold them or quantized at load.
+
+`Blocks` is one weight [N, K] in the layout `cpu_quant.cpp` multiplies: quants `qs` ([N, K] int8
+for q8, [N, K/2] uint8 nibbles for q4), block scales `d` and, for q4, block offsets `m` ([N, nbp]
+float32, zero past the K/32 blocks up to a multiple of 8). A weight is `d q` (q8, q in -128..127)
+or `d q + m` (q4, q in 0..15; Q4_0's q - 8 is an offset of -8 d). `from_gguf` reads a tensor's
+raw blocks (the `gguf` package's reader hands them as bytes), `quantize` makes them from a float
+weight by llama.cpp's rounding (the `gguf` package's reference quantizer), `dequantize` gives the
+float weight back, `reference` computes what the kernel computes in float64 (the tests' oracle).
+
+`QuantLinear` is the projection over `Blocks` (`torch.ops.flashtree.qdense`, eager or compiled);
+`QuantEmbedding` looks rows up and dequantizes them. Nothing here reads a file or decides which
+layers are quantized (`gguf_weights.py` and the loader do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+BLOCK = 32
+KINDS = ("q8_0", "q4_0", "q4_1")   # the GGUF block types kept as they are
+QUANTS = ("q8_0", "q4_0")          # what `quant=` quantizes a float checkpoint to
+_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # bytes a block of 32 in the file: f16 d [, f16 m], quants
+
+
+def padded_blocks(k: int) -> int:
+    """nbp: the K/32 blocks of a row, padded to a multiple of 8 (the kernel's offset sums take 8 at once)."""
+    return -(-(k // BLOCK) // 8) * 8
+
+
+@dataclass
+class Blocks:
+    kind: str                 # q8_0 | q4_0 | q4_1 (what the file held; q4_0 runs as q4 with m = -8 d)
+    qs: torch.Tensor          # [N, K] int8 | [N, K/2] uint8
+    d: torch.Tensor           # [N, nbp] float32
+    m: torch.Tensor | None    # [N, nbp] float32 (q4 only)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, w = self.qs.shape
+        return n, w if self.qs.dtype == torch.int8 else 2 * w
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+    def quants(self) -> torch.Tensor:
+        """q [N, K] as integers (q4: 0..15 in weight order)."""
+        if self.qs.dtype == torch.int8:
+            return self.qs.to(torch.int16)
+        n, k = self.shape
+        b = self.qs.view(n, k // BLOCK, BLOCK // 2)
+        return torch.cat([b & 15, b >> 4], dim=-1).reshape(n, k).to(torch.int16)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [N, K] (float32 products: d q + m, as the kernel's model of it)."""
+        n, k = self.shape
+        nb = k // BLOCK
+        q = self.quants().view(n, nb, BLOCK).float()
+        w = q * self.d[:, :nb, None]
+        if self.m is not None:
+            w = w + self.m[:, :nb, None]
+        return w.reshape(n, k).to(dtype)
+
+    def rows(self, ids: torch.Tensor) -> "Blocks":
+        """Rows `ids` of the weight (copies)."""
+        pick = lambda t: None if t is None else t.index_select(0, ids).contiguous()  # noqa: E731
+        return Blocks(self.kind, pick(self.qs), pick(self.d), pick(self.m))
+
+
+def cat(parts: list[Blocks]) -> Blocks | None:
+    """The weights' rows one after another (a fused q/k/v or gate/up), or None where their kinds
+    differ (a file may store v in another type than q and k)."""
+    kinds = {p.kind if p.kind != "q4_0" else "q4_1" for p in parts}
+    if len(kinds) != 1 or len({p.shape[1] for p in parts}) != 1:
+        return None
+    m = None if parts[0].m is None else torch.cat([p.m for p in parts])
+    return Blocks(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+
+
+def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
+    """A tensor's blocks as the file stores them — raw [N, K/32 * bytes a block] uint8, rows of
+    K weights — in the kernel's layout (new arrays: the file can be closed after)."""
+    if kind not in KINDS:
+        raise ValueError(f"GGUF type {kind} is not one flashtree keeps quantized ({', '.join(KINDS)})")
+    if k % BLOCK:
+        raise ValueError(f"a {kind} row of {k} weights is not whole blocks of {BLOCK}")
+    nb, nbp = k // BLOCK, padded_blocks(k)
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[kind])
+    d = np.zeros((n, nbp), np.float32)
+    d[:, :nb] = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if kind == "q8_0":
+        qs = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
+        return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), None)
+    m = np.zeros((n, nbp), np.float32)
+    if kind == "q4_1":
+        m[:, :nb] = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    else:  # q4_0: d (q - 8) = d q + (-8 d), exactly (a power of two)
+        m[:, :nb] = -8 * d[:, :nb]
+    qs = np.ascontiguousarray(blocks[..., _BYTES[kind] - 16:]).reshape(n, k // 2)
+    return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m))
+
+
+def quantize(weight: torch.Tensor, kind: str) -> Blocks:
+    """A float weight [N, K] in `kind`'s blocks by llama.cpp's rounding (the `gguf` package's
+    reference quantizer, what `llama-quantize` writes)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize as gguf_quantize
+    if kind not in KINDS:
+        raise ValueError(f"quant '{kind}' is not supported; use one of {', '.join(KINDS)}")
+    n, k = weight.shape
+    raw = gguf_quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[kind.upper()])
+    return from_gguf(raw, kind, n, k)
+
+
+def quantize_rows(x: np.ndarray, nbp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's row quantization of x [M, K] float32, in numpy (the tests' model of it): per
+    block of 32, amax = max |x|, xd = amax / 127, xq = round-half-even(x * (127 / amax)) (0 where
+    amax is 0), xs = xd * sum(xq) — every step rounded to float32 as the kernel rounds it."""
+    m_, k = x.shape
+    nb = k // BLOCK
+    xb = x.astype(np.float32).reshape(m_, nb, BLOCK)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    xq = np.rint((xb * inv[..., None]).astype(np.float32)).astype(np.int8)
+    xd = np.zeros((m_, nbp), np.float32)
+    xs = np.zeros((m_, nbp), np.float32)
+    xd[:, :nb] = (amax / np.float32(127)).astype(np.float32)
+    xs[:, :nb] = xd[:, :nb] * xq.astype(np.int32).sum(-1).astype(np.float32)
+    return xq.reshape(m_, k), xd, xs
+
+
+def reference(x: torch.Tensor, w: Blocks, bias: torch.Tensor | None = None) -> np.ndarray:
+    """What `qdense` computes, in float64: x [M, K] quantized by `quantize_rows`, then per block
+    d xd (integer dot product) + m xs, summed exactly -> [M, N] float64."""
+    xf = x.detach().float().reshape(-1, x.shape[-1]).numpy()
+    n, k = w.shape
+    nb = k // BLOCK
+    xq, xd, xs = quantize_rows(xf, w.d.shape[1])
+    q = w.quants().numpy().astype(np.int64).reshape(n, nb, BLOCK)
+    isum = np.einsum("mbi,nbi->mnb", xq.astype(np.int64).reshape(-1, nb, BLOCK), q)   # [M, N, nb] exact
+    d = w.d.numpy()[:, :nb].astype(np.float64)
+    y = (isum * (xd[:, None, :nb].astype(np.float64) * d[None])).sum(-1)
+    if w.m is not None:
+        y += xs[:, :nb].astype(np.float64) @ w.m.numpy()[:, :nb].astype(np.float64).T
+    if bias is not None:
+        y += bias.detach().double().numpy()
+    return y
+
+
+def qdense_shape(x, qs, d, m, bias):
+    """Shape of qdense's output for torch.compile's tracing: [..., N]."""
+    return x.new_empty((*x.shape[:-1], qs.shape[0]))
+
+
+class QuantLinear(nn.Module):
+    """A projection whose weight stays in blocks (buffers `qs`, `d`, `m`; a float `bias` or none):
+    x [..., K] float32 / bf16 -> [..., N] in x's dtype, by the CPU kernel (call only where
+    `cpu_dense.available()`)."""
+
+    def __init__(self, w: Blocks, bias: torch.Tensor | None = None):
+        super().__init__()
+        from . import cpu_dense
+        if not cpu_dense.available():  # (builds and loads the kernel, which defines the op)
+            raise RuntimeError(f"quantized weights need flashtree's CPU kernel: {cpu_dense.why_unavailable()}")
+        self.kind = w.kind
+        self.out_features, self.in_features = w.shape
+        self.register_buffer("qs", w.qs)
+        self.register_buffer("d", w.d)
+        self.register_buffer("m", w.m)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @property
+    def blocks(self) -> Blocks:
+        return Blocks(self.kind, self.qs, self.d, self.m)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.flashtree.qdense(x, self.qs, self.d, self.m, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token embeddings kept in blocks: a lookup dequantizes its rows (d q + m) into `dtype`."""
+
+    def __init__(self, w: Blocks, dtype: torch.dtype):
+        super().__init__()
+        self.kind, self.dtype = w.kind, dtype
+        self.num_embeddings, self.embedding_dim = w.shape
+        self.register_buffer("qs", w.qs)
+        self.register_buffer("d", w.d)
+        self.register_buffer("m", w.m)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        k, nb = self.embedding_dim, self.embedding_dim // BLOCK
+        qs = self.qs[ids]                                                   # [..., K or K/2]
+        if qs.dtype == torch.uint8:
+            b = qs.unflatten(-1, (nb, BLOCK // 2))
+            q = torch.cat([b & 15, b >> 4], dim=-1)                         # [..., nb, 32]
+        else:
+            q = qs.unflatten(-1, (nb, BLOCK))
+        w = q.float() * self.d[ids][..., :nb, None]
+        if self.m is not None:
+            w = w + self.m[ids][..., :nb, None]
+        return w.flatten(-2).to(self.dtype)                                  # [..., K]
+
+
+def weight_forms(model: nn.Module) -> dict[str, int]:
+    """How many of `model`'s projections and embeddings are in each block kind ({} for a float model)."""
+    forms: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            forms[m.kind] = forms.get(m.kind, 0) + 1
+    return forms
+
+
+def describe(model: nn.Module) -> str | None:
+    """The model's quantization in a word or two ("q4_1+q8_0"), None for float weights; the kind
+    most projections have first."""
+    forms = weight_forms(model)
+    return "+".join(sorted(forms, key=lambda k: -forms[k])) if forms else None
+
+
+def quantize_projections(model: nn.Module, kind: str) -> int:
+    """Every `layers.Linear` of `model` replaced by a QuantLinear of its weight in `kind` (a tied
+    head gets its own blocks; embeddings stay float). Returns how many."""
+    from .layers import Linear
+    done = 0
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, Linear):
+            parent, _, leaf = name.rpartition(".")
+            bias = None if mod.bias is None else mod.bias.detach()
+            setattr(model.get_submodule(parent), leaf, QuantLinear(quantize(mod.weight, kind), bias))
+            done += 1
+    return done

@@ -1,0 +1,224 @@
+"""Weights kept in GGUF blocks (Q8_0, Q4_0, Q4_1): the kernel against a float64 model of it, the
+file's blocks read as llama.cpp wrote them, and speculative decoding exact on a quantized target.
+
+The kernel's reference (`quant.reference`) quantizes each x row per block as the kernel does
+(checked equal to the kernel's own quantization, ties included) and sums the integer products
+and block offsets in float64; the kernel may differ only by its float32 accumulation. A
+negative control shows the tolerance is tight enough to see what activation quantization does.
+"""
+import numpy as np
+import pytest
+import torch
+from test_cpu_dense import needs_kernel
+
+from flashtree import SamplingParams
+from flashtree.engine.engine import Engine, EngineConfig
+from flashtree.measure.exactness import check_cell, grid, tiny_pair
+from flashtree.models import cpu_dense, quant
+from flashtree.models.gguf_weights import load_gguf_weights, unpermute_rows
+
+pytestmark = needs_kernel
+TOL = 2e-6  # of the output's scale: float32 accumulation over <= 48 blocks
+
+
+def qdense(x, w: quant.Blocks, bias=None):
+    assert cpu_dense.available()
+    return torch.ops.flashtree.qdense(x, w.qs, w.d, w.m, bias)
+
+
+@pytest.mark.parametrize("kind", quant.KINDS)
+@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536)])
+def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k):
+    torch.manual_seed(n + k)
+    w = quant.quantize(torch.randn(n, k) * 0.05, kind)
+    bias = torch.randn(n)
+    x = torch.randn(17, k)
+    x[3, :32] = 0  # an all-zero block: scale 0
+    y = qdense(x, w, bias)
+    ref = quant.reference(x, w, bias)
+    scale = np.abs(ref).max()
+    assert np.abs(y.double().numpy() - ref).max() <= TOL * scale
+    for rows in (1, 2, 3, 4, 5, 9):  # every tile shape: each row's result is the same bits
+        assert torch.equal(qdense(x[:rows], w, bias), y[:rows])
+        assert torch.equal(torch.cat([qdense(x[i:i + 1], w, bias) for i in range(rows)]), y[:rows])
+    # negative control: the float product of the same blocks (x unquantized) is outside the tolerance
+    plain = x.double() @ w.dequantize().double().T + bias.double()
+    assert np.abs(plain.numpy() - ref).max() > 50 * TOL * scale
+
+
+def test_kernel_takes_bf16_and_float64_rows():
+    torch.manual_seed(1)
+    w = quant.quantize(torch.randn(48, 96), "q4_1")
+    x = torch.randn(5, 96)
+    y = qdense(x, w)
+    assert qdense(x.double(), w).dtype == torch.float64
+    assert torch.equal(qdense(x.double(), w).float(), y)
+    xb = x.bfloat16()
+    assert torch.equal(qdense(xb, w), qdense(xb.float(), w).bfloat16())
+
+
+def test_row_quantization_rule_matches_numpy_model():
+    torch.manual_seed(2)
+    x = torch.randn(6, 96)
+    x[1, :32] = 0
+    x[2, 32:64] = torch.arange(32) - 15.5  # amax 16.5: x * 127 / 16.5 lands on many halves
+    x[4, :32] = 127 * torch.arange(32) / 127.0 - 63.5
+    nbp = quant.padded_blocks(96)
+    assert cpu_dense.available()
+    got = [t.numpy() for t in torch.ops.flashtree.quantize_rows(x, nbp)]
+    want = quant.quantize_rows(x.numpy(), nbp)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("kind", quant.KINDS)
+def test_blocks_read_as_gguf_dequantizes_them(kind):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    w = np.random.default_rng(0).standard_normal((40, 128)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType[kind.upper()])
+    blocks = quant.from_gguf(raw, kind, 40, 128)
+    assert torch.equal(blocks.dequantize(), torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind.upper()])))
+    assert blocks.rows(torch.tensor([3, 1])).dequantize().equal(blocks.dequantize()[[3, 1]])
+
+
+def test_unpermute_undoes_llama_cpp_permutation():
+    """llama.cpp's converter: w.reshape(heads, 2, D/2, ...).swapaxes(1, 2) (its `permute`)."""
+    heads, d = 3, 8
+    w = np.arange(heads * d)
+    permuted = w.reshape(heads, 2, d // 2).swapaxes(1, 2).reshape(-1)
+    assert np.array_equal(permuted[unpermute_rows(heads * d, heads)], w)
+
+
+def _write_gguf(path, target, kinds, arch="qwen3"):
+    """`target`'s weights as a GGUF (tensors only) in llama.cpp's names, projections in `kinds`
+    (cycled), llama's q/k rows permuted as llama.cpp's converter writes them."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+    cfg = target.config
+    writer = GGUFWriter(str(path), arch)
+    i = 0
+    for name, t in target.state_dict().items():
+        a = t.float().numpy()
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            gname = "output.weight"
+        else:
+            parts = name.split(".")
+            gname = f"blk.{parts[2]}.{names[parts[-2]]}.weight"
+            if arch == "llama" and parts[-2] in ("q_proj", "k_proj"):
+                heads = cfg.num_attention_heads if parts[-2] == "q_proj" else cfg.num_key_value_heads
+                a = a.reshape(heads, 2, a.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2:
+            kind = GGMLQuantizationType[kinds[i % len(kinds)].upper()]
+            i += 1
+            writer.add_tensor(gname, quantize(np.ascontiguousarray(a), kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gname, np.ascontiguousarray(a))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_gguf_blocks_load_into_the_model(models, tmp_path, arch):
+    """A GGUF of the tiny target in mixed block types loads with every block kept (q/k rows back
+    in HF order for llama), and a float load of the same file dequantizes the same blocks."""
+    from flashtree.models.target import TargetModel
+    target = models[0]
+    f = tmp_path / "tiny.gguf"
+    _write_gguf(f, target, ["q8_0", "q4_0", "q4_1"], arch)
+
+    def fresh():
+        with torch.device("meta"):
+            m = TargetModel(target.config)
+        m = m.to_empty(device="cpu").float()
+        if target.config.tie_word_embeddings:
+            m.lm_head.weight = m.model.embed_tokens.weight
+        return m
+
+    kept, floats = fresh(), fresh()
+    forms = load_gguf_weights(kept, f, "auto")
+    layers = target.config.num_hidden_layers
+    # + the embedding (and an untied head); + the final norm (qwen3: q/k norms too)
+    mats, norms = 7 * layers + 1 + (not target.config.tie_word_embeddings), 4 * layers + 1
+    assert forms == {"q8_0": -(-mats // 3), "q4_0": -(-(mats - 1) // 3), "q4_1": mats // 3, "float": norms}
+    assert isinstance(kept.model.embed_tokens, quant.QuantEmbedding) and isinstance(kept.lm_head, quant.QuantLinear)
+    assert (kept.lm_head.qs is kept.model.embed_tokens.qs) == target.config.tie_word_embeddings
+    assert load_gguf_weights(floats, f, None) == {"float": mats + norms}
+    q = kept.model.layers[1].self_attn.q_proj
+    assert isinstance(q, quant.QuantLinear)
+    assert torch.equal(q.blocks.dequantize(), floats.model.layers[1].self_attn.q_proj.weight)
+    # the blocks are the target's own weights quantized: within a block's rounding of them
+    err = (floats.model.layers[1].self_attn.q_proj.weight - target.model.layers[1].self_attn.q_proj.weight.float())
+    assert err.abs().max() < 0.2 * target.model.layers[1].self_attn.q_proj.weight.abs().max()
+    ids = torch.tensor([[5, 9, 33, 2, 71]])
+    emb = kept.model.embed_tokens(ids)
+    assert torch.equal(emb, floats.model.embed_tokens(ids))
+
+
+def _quantized(models, kind):
+    import copy
+    target = copy.deepcopy(models[0])
+    assert quant.quantize_projections(target, kind) == 7 * target.config.num_hidden_layers + 1  # + the head
+    return target.fuse(), models[1]
+
+
+def _greedy(target, drafter, method, batch, ps, budget=None):
+    eng = Engine(target, drafter, EngineConfig(method=method, budget=budget, max_batch_size=batch, max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    seqs = [eng.add_request(p, params) for p in ps]
+    while eng.has_work():
+        eng.step()
+    return [s.output_ids for s in seqs], [t for s in seqs for t in s.metrics.accept_lengths]
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_every_method_equals_plain_on_a_quantized_target(models, kind, batch):
+    import random
+    rng = random.Random(0)
+    ps = [[rng.randrange(0, 95) for _ in range(rng.randint(1, 40))] for _ in range(16)]
+    target, drafter = _quantized(models, kind)
+    ref, _ = _greedy(target, drafter, "ar", 1, ps)
+    float_ref, _ = _greedy(*models, "ar", 1, ps)
+    assert ref != float_ref  # the quantized target is another function: the comparison can fail
+    for method, budget in [("dflash", None), ("ddtree", 8), ("hybrid", None), ("ngram", None)]:
+        out, taus = _greedy(target, drafter, method, batch, ps, budget)
+        assert out == ref, (kind, method, batch)
+        if method != "ngram":
+            assert np.mean(taus) > 1.0, (method, np.mean(taus))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_sampled_speculation_matches_quantized_targets_distribution(kind):
+    """The tiny position test on a quantized target: the exact distribution is the quantized
+    target's own (same kernel), and sampled ddtree must match it, tau > 1."""
+    target, drafter = tiny_pair(vocab=8, seed=0, block_size=3)
+    quant.quantize_projections(target, kind)
+    for cell in grid(temperatures=(0.6, 1.0), filters=("top_p",), methods=(("ddtree", 6),)):
+        check_cell(target, drafter, [1, 2, 3], cell)
+        assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit)
+        assert cell.mean_accept_length > 1.2
+
+
+def test_sampled_check_catches_the_float_targets_distribution():
+    """Negative control: speculative draws from the q8_0 target tested against the float
+    target's exact distribution (what a kernel ignoring the blocks would give) fail."""
+    import copy
+    floats, drafter = tiny_pair(vocab=8, seed=0, block_size=3)
+    target = copy.deepcopy(floats)
+    quant.quantize_projections(target, "q8_0")
+    cell = grid(temperatures=(1.0,), filters=("top_p",), methods=(("ddtree", 6),))[0]
+    check_cell(target, drafter, [1, 2, 3], cell, exact_of=floats)
+    assert not cell.passed and cell.mean_accept_length > 1.2, (cell.p_value, cell.tv, cell.tv_limit)
