@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from flashtree import LLM  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
+from flashtree import LLM, cpu  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
 
 import torch  # noqa: E402
 
@@ -31,6 +31,7 @@ p.add_argument("--calls", type=int, default=200)
 p.add_argument("--out", default=None)
 p.add_argument("--model", default="tiny-code")
 p.add_argument("--dtype", default="auto")
+p.add_argument("--quant", default="auto", help="auto | none | q8_0 | q4_0 (LLM's quant)")
 p.add_argument("--tokens", default="1,9,17", help="comma list of new-token counts (1 is always timed)")
 p.add_argument("--modes", default="eager,compiled")
 p.add_argument("--profile", type=int, default=0, help="profile this many one-token steps of the last mode")
@@ -51,7 +52,7 @@ def read_bandwidth() -> float:
 from flashtree.models.registry import resolve  # noqa: E402
 has_drafter = resolve(a.model).drafter is not None
 llm = LLM(model=a.model, method="ddtree" if has_drafter else "ar", budget=8 if has_drafter else None,
-          dtype=a.dtype, compile=True)
+          dtype=a.dtype, compile=True, quant=a.quant)
 runner, blocks = llm.engine.runner, llm.engine.blocks
 L0 = a.context
 slot = blocks.allocate()
@@ -112,7 +113,16 @@ for mode in modes:
         rows.append({"mode": mode, "forward": name, "ms": ms, "x_one_token_step": ms / step})
         print(f"{mode:8} {name:20} {ms:6.3f} ms  {ms / step:5.2f}x")
 bw = statistics.median(bws)
-weights = sum(p.numel() * p.element_size() for p in llm.target.parameters())  # the tied head counted once
+# what one step streams: float parameters and the blocks of quantized layers, each tensor once (a tied
+# head is the embedding); the embedding's own rows are a lookup (counted with its tied head only)
+seen = {}
+for name, t in [*llm.target.named_parameters(), *llm.target.named_buffers()]:
+    if name.endswith(("inv_freq", "packed", "kv_packed")) or t is None:
+        continue
+    if name.startswith("model.embed_tokens.") and not llm.target.config.tie_word_embeddings:
+        continue
+    seen[t.data_ptr()] = t.numel() * t.element_size()
+weights = sum(seen.values())
 bound_ms = weights / bw * 1e3
 # per round: its one-token step over its own bound; reported as the median of those ratios
 ratio = {m: statistics.median(t / (weights / b * 1e3) for t, b in zip(times[(m, "target 1 token")], bws))
@@ -124,5 +134,6 @@ if a.out:
     Path(a.out).write_text(json.dumps({"settings": vars(a), "threads": torch.get_num_threads(), "rows": rows,
                                        "read_bandwidth_gbs": bw / 1e9, "read_bandwidth_rounds_gbs": [b / 1e9 for b in bws],
                                        "weight_bytes": weights, "one_token_bound_ms": bound_ms,
-                                       "x_bound_median_of_rounds": ratio, "dtype": str(llm.engine.dtype)},
+                                       "x_bound_median_of_rounds": ratio, "dtype": str(llm.engine.dtype),
+                                       "quant": llm.quant, "isa": cpu.isa()},
                                       indent=2) + "\n")

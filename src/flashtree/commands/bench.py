@@ -203,7 +203,7 @@ def run(args) -> int:
         "model": bm.portable_path(llm.model_path),
         "draft": bm.portable_path(llm.draft_path) if llm.draft_path else None,
         "block_size": llm.engine.limits.default_block_size, "device": str(llm.engine.device),
-        "dtype": str(llm.engine.dtype).removeprefix("torch."), "quant": None,
+        "dtype": str(llm.engine.dtype).removeprefix("torch."), "quant": llm.quant,
         "isa": path["isa"], "threads": llm.engine.threads.most, "cpu_path": path,
         "prompts": bm.portable_path(args.prompts or PROMPTS_FILE),
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],
