@@ -23,11 +23,12 @@ TOL = 2e-6  # of the output's scale: float32 accumulation over <= 48 blocks
 
 def qdense(x, w: quant.Blocks, bias=None):
     assert cpu_dense.available()
+    w = quant.interleave(w)  # (the kernel's layout)
     return torch.ops.flashtree.qdense(x, w.qs, w.d, w.m, bias)
 
 
 @pytest.mark.parametrize("kind", quant.KINDS)
-@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536)])
+@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536), (20, 576)])  # runs of 8 blocks, tails
 def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k):
     torch.manual_seed(n + k)
     w = quant.quantize(torch.randn(n, k) * 0.05, kind)
@@ -48,8 +49,8 @@ def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k):
 
 def test_kernel_takes_bf16_and_float64_rows():
     torch.manual_seed(1)
-    w = quant.quantize(torch.randn(48, 96), "q4_1")
-    x = torch.randn(5, 96)
+    w = quant.quantize(torch.randn(48, 288), "q4_1")
+    x = torch.randn(5, 288)
     y = qdense(x, w)
     assert qdense(x.double(), w).dtype == torch.float64
     assert torch.equal(qdense(x.double(), w).float(), y)
@@ -80,6 +81,22 @@ def test_blocks_read_as_gguf_dequantizes_them(kind):
     blocks = quant.from_gguf(raw, kind, 40, 128)
     assert torch.equal(blocks.dequantize(), torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind.upper()])))
     assert blocks.rows(torch.tensor([3, 1])).dequantize().equal(blocks.dequantize()[[3, 1]])
+
+
+@pytest.mark.parametrize("k", [32, 256, 288, 576, 1536])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_by_eights_layout_keeps_every_quant(kind, k):
+    w = quant.quantize(torch.randn(6, k), kind)
+    inter = quant.interleave(w)
+    assert inter.interleaved and inter.qs.shape == w.qs.shape
+    assert torch.equal(inter.quants(), w.quants()) and torch.equal(inter.dequantize(), w.dequantize())
+    # the rule itself, on quants numbered by position: run s, group g, lane l holds quants 4g..4g+3 of block 8s + l
+    order = quant.order_by_eights(k)
+    assert sorted(order) == list(range(k))
+    if k >= 256:
+        assert list(order[32:40]) == [4, 5, 6, 7, 36, 37, 38, 39]  # group 1: block 0's quants 4..7, block 1's
+    emb = quant.QuantEmbedding(w, torch.float32)
+    assert torch.equal(emb(torch.tensor([[5, 0]])), w.dequantize()[[5, 0]][None])
 
 
 def test_unpermute_undoes_llama_cpp_permutation():

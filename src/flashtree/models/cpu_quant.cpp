@@ -1,28 +1,31 @@
 // flashtree::qdense — y = x @ W^T + b for a weight kept in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1),
-// by integer dot products (AVX2; AVX-VNNI / AVX512-VNNI where the path allows them).
+// by integer dot products (AVX2).
 //
 // Why: a decode step streams every weight once; in Q4_1 a weight is 5-6 bits instead of bf16's
 // 16, and the file's blocks are what the user has. Dequantizing to bf16 or float32 at load
 // (what flashtree did before) streams 3-6x the bytes for no more information.
 //
 // Layout (made by quant.py from the file's blocks, once at load): qs [N, K] int8 (q8) or
-// [N, K/2] uint8 (q4: byte j of block b holds weight 32b + j in its low nibble and 32b + j + 16
-// in its high nibble, as GGUF stores them); d [N, nbp] float32 block scales and, for q4, m [N,
-// nbp] float32 block offsets (Q4_0's -8 d), zero past the nb = K/32 blocks up to nbp = a
-// multiple of 8. A q4 weight is d q + m with q in 0..15; a q8 weight is d q with q in -128..127.
+// [N, K/2] uint8 (q4: each 16 bytes hold 16 quants in their low nibbles and the next 16 in their
+// high ones, as GGUF stores a block), the quants of each run of 8 blocks interleaved (`tile`);
+// d [N, nbp] float32 block scales and, for q4, m [N, nbp] float32 block offsets (Q4_0's -8 d),
+// zero past the nb = K/32 blocks up to nbp = a multiple of 8. A q4 weight is d q + m with q in
+// 0..15; a q8 weight is d q with q in -128..127.
 //
 // x is quantized here per row in blocks of 32 (the rule in `quantize_row`): xq int8, a scale
 // xd and xs = xd * (sum of the block's xq). A row's output is then
-//   y[m, n] = sum_b (d[n,b] xd[m,b]) * isum_b  +  sum_b m[n,b] xs[m,b]  + bias[n]
-// with isum_b the exact integer dot product of the block's quants (maddubs + madd, or vpdpbusd;
-// neither saturates here: |w| <= 128 against |x| <= 127). The first sum accumulates in eight
-// float32 lanes block by block, the second in eight lanes eight blocks at a time, each reduced
-// in one fixed order: every output is the same sequence of operations whatever the tile, the
-// thread or the number of rows, so a row's result never depends on which rows share the call.
+//   y[m, n] = sum_b (d[n,b] xd[m,b] isum_b + m[n,b] xs[m,b])  + bias[n]
+// with isum_b the exact integer dot product of the block's quants (maddubs + madd; neither
+// saturates here: |w| <= 128 against |x| <= 127), summed in eight float32 lanes (see `tile`) and
+// reduced in one fixed order: every output is the same sequence of operations whatever the tile,
+// the thread or the number of rows, so a row's result never depends on which rows share the call.
 //
 // Tiles: MR rows of x by NR weight rows keep MR*NR sums in registers over the blocks; a weight
-// block is unpacked once per tile and used by MR rows, and the NR rows' bytes stay in L1 for the
-// later row tiles, so a verify of M rows reads the weights from memory once.
+// group is unpacked once per tile and used by MR rows, and the weight rows' bytes stay in L1 for
+// the later row tiles, so a verify of M rows reads the weights from memory once. SmolLM2's Q4_1
+// gate/up projection (3072 x 576) at 8 rows took 199 us (2 threads) with a block's float work
+// per block, 155 us by eights with the offsets folded in; torch's _weight_int4pack_mm_for_cpu
+// and this kernel are compared in docs/cpu-kernels.md.
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
@@ -32,6 +35,8 @@
 #include "cpu_kernels.h"
 
 #include <algorithm>
+#include <cstring>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -89,30 +94,6 @@ inline __m256i unpack_q4(const uint8_t* p) {
   return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
 }
 
-// isum of unsigned weight bytes u by signed x bytes s, eight int32 lanes.
-struct DotAvx2 {
-  static inline __m256i dot(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-  }
-};
-
-template <bool Q4>
-struct Weights {
-  const uint8_t* qs;  // this tile's first row
-  int64_t ldq;        // bytes a row
-  // unsigned weight bytes of block b of row n and x bytes signed to match (q8: |w| and sign(x, w))
-  static inline void operands(const uint8_t* row, int64_t b, __m256i x, __m256i& u, __m256i& s) {
-    if constexpr (Q4) {
-      u = unpack_q4(row + b * (kB / 2));
-      s = x;
-    } else {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kB));
-      u = _mm256_abs_epi8(w);
-      s = _mm256_sign_epi8(x, w);
-    }
-  }
-};
-
 // How far ahead of a tile's block the quants and the scales are prefetched, in bytes: a thread's
 // weight rows are one contiguous stream (its later rows included), which the hardware
 // prefetcher alone read at about half the bandwidth a bf16 step reaches (SmolLM2's Q4_1
@@ -121,83 +102,186 @@ struct Weights {
 constexpr int64_t kAheadQ = 1024;
 constexpr int64_t kAheadS = 256;
 
-// y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m (nb blocks, nbp padded).
-template <int MR, int NR, bool Q4, typename Dot>
+// Bytes of quants a block takes in a row.
+template <bool Q4>
+constexpr int64_t block_bytes() { return Q4 ? kB / 2 : kB; }
+
+// The unsigned weight bytes u and the x bytes s signed to match (q8: |w| and sign(x, w)), for
+// 32 weight bytes w (q4: already unpacked to 0..15) against 32 x bytes x.
+template <bool Q4>
+inline void operands(__m256i w, __m256i x, __m256i& u, __m256i& s) {
+  if constexpr (Q4) {
+    u = w;
+    s = x;
+  } else {
+    u = _mm256_abs_epi8(w);
+    s = _mm256_sign_epi8(x, w);
+  }
+}
+
+// 32 weight bytes at p: q4 nibbles unpacked (16 bytes: low nibbles, then high), q8 as they are.
+template <bool Q4>
+inline __m256i weight_bytes(const uint8_t* p) {
+  if constexpr (Q4) return unpack_q4(p);
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Eight int32 lanes of pairwise-summed products (maddubs, then madd with ones).
+inline __m256i dot4(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m.
+//
+// Blocks by eights: a row's first 8S blocks (S = nb / 8) are stored interleaved (quant.py's
+// `interleave`), so that group g of superblock s holds, in dword lane l, quants 4g..4g+3 of block
+// 8s + l — of the weight and of x alike. Eight maddubs/madd over the groups sum each lane's
+// block exactly in int32, and one conversion and one multiply-add by the eight blocks' scales
+// (d[8s..8s+8) xd[8s..8s+8), two vector loads) add the superblock to the float sums: the float
+// work of eight blocks in two instructions. The nb % 8 blocks after are stored plainly and added
+// one by one (their sum broadcast by its scale).
+template <int MR, int NR, bool Q4>
 inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
                  int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const float* __restrict d,
                  const float* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
-  const int64_t nb = K / kB;
+  constexpr int64_t BB = block_bytes<Q4>();
+  const int64_t nb = K / kB, S = nb / 8;
   __m256 acc[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i xv[MR];
+  for (int64_t sb = 0; sb < S; ++sb) {
+    __m256i isum[MR][NR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + b * kB));
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int g = 0; g < 8; ++g) {
+      __m256i xv[MR];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+        xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        const uint8_t* p = qs + j * ldq + sb * 8 * BB + g * BB;
+        if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAheadQ), _MM_HINT_T0);
+        const __m256i w = weight_bytes<Q4>(p);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          __m256i u, sg;
+          operands<Q4>(w, xv[i], u, sg);
+          isum[i][j] = _mm256_add_epi32(isum[i][j], dot4(u, sg));
+        }
+      }
+    }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      const uint8_t* row = qs + j * ldq;
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * (Q4 ? kB / 2 : kB) + kAheadQ), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + b) + kAheadS, _MM_HINT_T0);
-      if constexpr (Q4) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + b) + kAheadS, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
+      if constexpr (Q4) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
+      const __m256 dv = _mm256_loadu_ps(d + j * nbp + 8 * sb);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]),
+                                    _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * nbp + 8 * sb)), acc[i][j]);
+        if constexpr (Q4)
+          acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * nbp + 8 * sb), _mm256_loadu_ps(xs + i * nbp + 8 * sb),
+                                      acc[i][j]);
+      }
+    }
+  }
+  for (int64_t b = 8 * S; b < nb; ++b) {  // the plain tail
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const __m256i w = weight_bytes<Q4>(qs + j * ldq + b * BB);
       const float dw = d[j * nbp + b];
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        __m256i u, s;
-        Weights<Q4>::operands(row, b, xv[i], u, s);
-        const __m256 scale = _mm256_set1_ps(dw * xd[i * nbp + b]);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::dot(u, s)), scale, acc[i][j]);
+        __m256i u, sg;
+        operands<Q4>(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + b * kB)), u, sg);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(u, sg)), _mm256_set1_ps(dw * xd[i * nbp + b]), acc[i][j]);
       }
+    }
+  }
+  if constexpr (Q4) {  // the tail's offsets: its blocks (and zeros past them) in one run of eight lanes
+    if (8 * S < nb) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+          acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * nbp + 8 * S), _mm256_loadu_ps(xs + i * nbp + 8 * S),
+                                      acc[i][j]);
     }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      float v = hsum(acc[i][j]);
-      if constexpr (Q4) {
-        __m256 macc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nbp; b += 8)
-          macc = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * nbp + b), _mm256_loadu_ps(xs + i * nbp + b), macc);
-        v += hsum(macc);
-      }
+      const float v = hsum(acc[i][j]);
       y[i * ldy + j] = bias ? v + bias[j] : v;
     }
 }
 
-// Every x row against weight rows [n, n + NR): x rows four at a time, then the 1..3 left.
-template <int NR, bool Q4, typename Dot>
-void strip(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
-           int64_t ldq, const float* d, const float* m, float* y, int64_t N, const float* bias, int64_t n) {
-  const uint8_t* q = qs + n * ldq;
-  const float* dn = d + n * nbp;
-  const float* mn = Q4 ? m + n * nbp : nullptr;
-  const float* bn = bias ? bias + n : nullptr;
+// Every x row against weight rows [n, n + 2) (n + 1 only when two): x rows four at a time (one
+// weight row each, both rows' bytes staying in L1), then the one to three left (two rows each).
+template <bool Q4>
+void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
+          int64_t ldq, const float* d, const float* m, float* y, int64_t N, const float* bias, int64_t n, bool two) {
+  auto at = [&](int64_t r) {  // weight row r's pointers
+    return std::make_tuple(qs + r * ldq, d + r * nbp, Q4 ? m + r * nbp : nullptr, bias ? bias + r : nullptr);
+  };
+  const auto [q0, d0, m0, b0] = at(n);
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4)
-    tile<4, NR, Q4, Dot>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q, ldq, dn, mn, y + i * N + n, N, bn);
+  for (; i + 4 <= M; i += 4) {
+    tile<4, 1, Q4>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
+    if (two) {
+      const auto [q1, d1, m1, b1] = at(n + 1);
+      tile<4, 1, Q4>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
+    }
+  }
   const int8_t* xi = xq + i * K;
   const float* di = xd + i * nbp;
   const float* si = xs + i * nbp;
   float* yi = y + i * N + n;
-  switch (M - i) {
-    case 3: tile<3, NR, Q4, Dot>(xi, di, si, K, nbp, q, ldq, dn, mn, yi, N, bn); break;
-    case 2: tile<2, NR, Q4, Dot>(xi, di, si, K, nbp, q, ldq, dn, mn, yi, N, bn); break;
-    case 1: tile<1, NR, Q4, Dot>(xi, di, si, K, nbp, q, ldq, dn, mn, yi, N, bn); break;
-    default: break;
+  const int left = static_cast<int>(M - i);
+  if (left == 0) return;
+  if (!two) {
+    switch (left) {
+      case 3: tile<3, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      case 2: tile<2, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      default: tile<1, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    }
+    return;
+  }
+  switch (left) {
+    case 3: {
+      const auto [q1, d1, m1, b1] = at(n + 1);
+      tile<3, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
+      tile<3, 1, Q4>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
+      break;
+    }
+    case 2: tile<2, 2, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    default: tile<1, 2, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
   }
 }
 
-// Every x row against weight rows [n0, n1), two weight rows at a time (one at the end).
-template <bool Q4, typename Dot>
+// Every x row against weight rows [n0, n1), two at a time.
+template <bool Q4>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
           const uint8_t* qs, int64_t ldq, const float* d, const float* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) strip<2, Q4, Dot>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n);
-  if (n < n1) strip<1, Q4, Dot>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n);
+  for (int64_t n = n0; n < n1; n += 2) pair<Q4>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
+}
+
+// x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
+void interleave_row(const int8_t* plain, int64_t K, int8_t* out) {
+  const int64_t S = K / kB / 8;
+  for (int64_t sb = 0; sb < S; ++sb)
+    for (int g = 0; g < 8; ++g)
+      for (int l = 0; l < 8; ++l)
+        std::memcpy(out + sb * 256 + g * 32 + l * 4, plain + (sb * 8 + l) * kB + 4 * g, 4);
+  std::memcpy(out + S * 256, plain + S * 256, K - S * 256);
 }
 
 // x [..., K] float32, bfloat16 or float64 (quantized from float32 all the same); qs [N, K] int8 or [N, K/2] uint8; d, m [N, nbp] float32 (m for
@@ -234,7 +318,11 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   std::vector<int8_t> xq(M * K);
   std::vector<float> xd(M * nbp), xs(M * nbp);
   const float* xp = x2.data_ptr<float>();
-  for (int64_t i = 0; i < M; ++i) quantize_row(xp + i * K, K, &xq[i * K], &xd[i * nbp], &xs[i * nbp], nbp);
+  std::vector<int8_t> plain(K);
+  for (int64_t i = 0; i < M; ++i) {
+    quantize_row(xp + i * K, K, plain.data(), &xd[i * nbp], &xs[i * nbp], nbp);
+    interleave_row(plain.data(), K, &xq[i * K]);
+  }
   const float* bp = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   const uint8_t* q = reinterpret_cast<const uint8_t*>(qs.data_ptr());
   const float* dp = d.data_ptr<float>();
@@ -248,9 +336,9 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
     const int64_t n0 = 2 * flashtree_kernels::share_start(pairs, s0, shares);
     const int64_t n1 = std::min(N, 2 * flashtree_kernels::share_start(pairs, s1, shares));
     if (q4)
-      rows<true, DotAvx2>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
+      rows<true>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
     else
-      rows<false, DotAvx2>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
+      rows<false>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
   });
   return dt == at::kFloat ? y : y.to(dt);
 }

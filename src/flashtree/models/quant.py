@@ -1,9 +1,13 @@
 """Weights kept in GGUF's blocks of 32: Q8_0, Q4_0 and Q4_1, as files hold them or quantized at load.
 
-`Blocks` is one weight [N, K] in the layout `cpu_quant.cpp` multiplies: quants `qs` ([N, K] int8
-for q8, [N, K/2] uint8 nibbles for q4), block scales `d` and, for q4, block offsets `m` ([N, nbp]
-float32, zero past the K/32 blocks up to a multiple of 8). A weight is `d q` (q8, q in -128..127)
-or `d q + m` (q4, q in 0..15; Q4_0's q - 8 is an offset of -8 d). `from_gguf` reads a tensor's
+`Blocks` is one weight [N, K]: quants `qs` ([N, K] int8 for q8, [N, K/2] uint8 nibbles for q4,
+each 16 bytes holding 16 quants in their low nibbles and the next 16 in their high ones), block
+scales `d` and, for q4, block offsets `m` ([N, nbp] float32, zero past the K/32 blocks up to a
+multiple of 8). A weight is `d q` (q8, q in -128..127) or `d q + m` (q4, q in 0..15; Q4_0's
+q - 8 is an offset of -8 d). The quants are in GGUF's order, or (`interleave`, what
+`cpu_quant.cpp` multiplies) by eights: each run of 8 blocks stored as 8 groups of 32 quants, group
+g holding quants 4g..4g+3 of each of the 8 blocks in turn; the blocks after the last whole run as
+they are. `from_gguf` reads a tensor's
 raw blocks (the `gguf` package's reader hands them as bytes), `quantize` makes them from a float
 weight by llama.cpp's rounding (the `gguf` package's reference quantizer), `dequantize` gives the
 float weight back, `reference` computes what the kernel computes in float64 (the tests' oracle).
@@ -37,6 +41,7 @@ class Blocks:
     qs: torch.Tensor          # [N, K] int8 | [N, K/2] uint8
     d: torch.Tensor           # [N, nbp] float32
     m: torch.Tensor | None    # [N, nbp] float32 (q4 only)
+    interleaved: bool = False  # quants by eights (`interleave`), else in GGUF's order
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -48,12 +53,8 @@ class Blocks:
         return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
 
     def quants(self) -> torch.Tensor:
-        """q [N, K] as integers (q4: 0..15 in weight order)."""
-        if self.qs.dtype == torch.int8:
-            return self.qs.to(torch.int16)
-        n, k = self.shape
-        b = self.qs.view(n, k // BLOCK, BLOCK // 2)
-        return torch.cat([b & 15, b >> 4], dim=-1).reshape(n, k).to(torch.int16)
+        """q [N, K] as integers in weight order (q4: 0..15)."""
+        return stored_values(self.qs, self.shape[1], self.interleaved)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [N, K] (float32 products: d q + m, as the kernel's model of it)."""
@@ -68,17 +69,64 @@ class Blocks:
     def rows(self, ids: torch.Tensor) -> "Blocks":
         """Rows `ids` of the weight (copies)."""
         pick = lambda t: None if t is None else t.index_select(0, ids).contiguous()  # noqa: E731
-        return Blocks(self.kind, pick(self.qs), pick(self.d), pick(self.m))
+        return Blocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), self.interleaved)
 
 
 def cat(parts: list[Blocks]) -> Blocks | None:
     """The weights' rows one after another (a fused q/k/v or gate/up), or None where their kinds
     differ (a file may store v in another type than q and k)."""
     kinds = {p.kind if p.kind != "q4_0" else "q4_1" for p in parts}
-    if len(kinds) != 1 or len({p.shape[1] for p in parts}) != 1:
+    if len(kinds) != 1 or len({(p.shape[1], p.interleaved) for p in parts}) != 1:
         return None
     m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-    return Blocks(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+    return Blocks(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m,
+                  parts[0].interleaved)
+
+
+def order_by_eights(k: int) -> np.ndarray:
+    """Where each stored quant of a row laid out by eights comes from: order[p] is the weight
+    index of stored position p (group g of run s holds quants 4g..4g+3 of blocks 8s..8s+7; the
+    tail after the last whole run is in place)."""
+    runs = k // BLOCK // 8
+    p = np.arange(k)
+    s, rem = np.divmod(p[:256 * runs], 256)
+    g, rem = np.divmod(rem, 32)
+    lane, t = np.divmod(rem, 4)
+    p[:256 * runs] = (8 * s + lane) * BLOCK + 4 * g + t
+    return p
+
+
+def _unpack(qs: torch.Tensor, k: int) -> torch.Tensor:
+    """Stored quants [..., K] as integers (q4: each 16 bytes' low nibbles, then their high ones)."""
+    if qs.dtype == torch.int8:
+        return qs.to(torch.int16)
+    b = qs.unflatten(-1, (k // BLOCK, BLOCK // 2))
+    return torch.cat([b & 15, b >> 4], dim=-1).flatten(-2).to(torch.int16)
+
+
+def _pack(values: torch.Tensor, q4: bool) -> torch.Tensor:
+    """Integers [..., K] stored as quants: int8, or q4 nibbles (16 bytes per 32: low, then high)."""
+    if not q4:
+        return values.to(torch.int8).contiguous()
+    v = values.to(torch.uint8).unflatten(-1, (-1, BLOCK))
+    return (v[..., :16] | (v[..., 16:] << 4)).flatten(-2).contiguous()
+
+
+def stored_values(qs: torch.Tensor, k: int, interleaved: bool) -> torch.Tensor:
+    """Quants [..., K] in weight order from stored rows qs [..., K or K/2]."""
+    v = _unpack(qs, k)
+    if not interleaved:
+        return v
+    return v[..., torch.from_numpy(np.argsort(order_by_eights(k)))]
+
+
+def interleave(w: Blocks) -> Blocks:
+    """w with its quants by eights (the kernel's layout); scales and offsets as they are."""
+    if w.interleaved:
+        return w
+    n, k = w.shape
+    v = w.quants()[:, torch.from_numpy(order_by_eights(k))]
+    return Blocks(w.kind, _pack(v, w.qs.dtype == torch.uint8), w.d, w.m, True)
 
 
 def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
@@ -167,6 +215,7 @@ class QuantLinear(nn.Module):
         from . import cpu_dense
         if not cpu_dense.available():  # (builds and loads the kernel, which defines the op)
             raise RuntimeError(f"quantized weights need flashtree's CPU kernel: {cpu_dense.why_unavailable()}")
+        w = interleave(w)
         self.kind = w.kind
         self.out_features, self.in_features = w.shape
         self.register_buffer("qs", w.qs)
@@ -176,7 +225,7 @@ class QuantLinear(nn.Module):
 
     @property
     def blocks(self) -> Blocks:
-        return Blocks(self.kind, self.qs, self.d, self.m)
+        return Blocks(self.kind, self.qs, self.d, self.m, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.flashtree.qdense(x, self.qs, self.d, self.m, self.bias)
@@ -190,20 +239,17 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, w: Blocks, dtype: torch.dtype):
         super().__init__()
+        w = interleave(w)  # as a tied head's QuantLinear stores it: one copy serves both
         self.kind, self.dtype = w.kind, dtype
         self.num_embeddings, self.embedding_dim = w.shape
         self.register_buffer("qs", w.qs)
         self.register_buffer("d", w.d)
         self.register_buffer("m", w.m)
+        self.register_buffer("plain", torch.from_numpy(np.argsort(order_by_eights(w.shape[1]))), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK
-        qs = self.qs[ids]                                                   # [..., K or K/2]
-        if qs.dtype == torch.uint8:
-            b = qs.unflatten(-1, (nb, BLOCK // 2))
-            q = torch.cat([b & 15, b >> 4], dim=-1)                         # [..., nb, 32]
-        else:
-            q = qs.unflatten(-1, (nb, BLOCK))
+        q = _unpack(self.qs[ids], k)[..., self.plain].unflatten(-1, (nb, BLOCK))   # [..., nb, 32] in weight order
         w = q.float() * self.d[ids][..., :nb, None]
         if self.m is not None:
             w = w + self.m[ids][..., :nb, None]
