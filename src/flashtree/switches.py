@@ -18,6 +18,7 @@ SWITCHES = {
     "FLASHTREE_COMPILE_HELPER": "off: a load compiles all of its graphs in its own process, without a "
                                 "helper process compiling about half of them beside it",
     "FLASHTREE_DTYPE": "a dtype name: what dtype='auto' means",
+    "FLASHTREE_QUANT": "blocks | none | q8_0 | q4_0: what quant='auto' means",
     "FLASHTREE_CPU_KERNEL": "off: projections through torch instead of flashtree's CPU kernel",
     "FLASHTREE_ISA": "an instruction path at or below this CPU's (avx2 | avx512 | avx512_bf16 | amx): "
                      "flashtree's kernels, dtype auto and torch's dispatch run that path",

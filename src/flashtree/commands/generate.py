@@ -38,10 +38,10 @@ def add_model_arguments(p) -> None:
     p.add_argument("--draft-len", type=int, default=None, help="ngram: longest chain copied per round (default 10)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (activations and float weights)")
-    p.add_argument("--quant", default="auto", choices=("auto", "none", "q8_0", "q4_0"),
-                   help="weights in blocks on the CPU: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks (other types "
+    p.add_argument("--quant", default="auto", choices=("auto", "blocks", "none", "q8_0", "q4_0"),
+                   help="weights in blocks on the CPU: blocks keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks (other types "
                         "dequantized, with a warning), none runs float weights, q8_0/q4_0 quantize every projection "
-                        "at load (default auto)")
+                        "at load; auto (default): blocks where that decodes faster (`flashtree env` says which)")
     p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compiled forwards (torch.compile; default: on where it pays, off with FLASHTREE_COMPILE=0); "
                         "--no-compile runs eager PyTorch")

@@ -2,7 +2,7 @@
 
 `load_gguf_weights(model, src, quant)` reads every tensor of a llama / qwen2 / qwen3 `.gguf`
 (the `gguf` package's reader maps the file; each tensor is copied out once) under its HF name:
-- `quant="auto"`: Q8_0 / Q4_0 / Q4_1 projections and embeddings stay in their blocks
+- `quant="blocks"`: Q8_0 / Q4_0 / Q4_1 projections and embeddings stay in their blocks
   (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks);
   any other type (K-quants, F16, ...) is dequantized into the model's dtype, with one warning
   naming the types and what they cost;
@@ -65,13 +65,13 @@ def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), leaf, module)
 
 
-def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "auto") -> dict[str, int]:
+def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks") -> dict[str, int]:
     """Fill `model` (a TargetModel built for the file's config, on the CPU, in its dtype) from `src`.
     Returns how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
-    if quant not in (None, "auto", *q.QUANTS):
-        raise ConfigError(f"quant '{quant}' is not supported; use auto, none or one of {', '.join(q.QUANTS)}")
+    if quant not in (None, "blocks", *q.QUANTS):
+        raise ConfigError(f"quant '{quant}' is not supported; use blocks, none or one of {', '.join(q.QUANTS)}")
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     cfg = model.config
@@ -93,13 +93,13 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "auto") -
             order = unpermute_rows(n, heads)
         raw = np.asarray(t.data)
         matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
-        keep = matrix and kind in q.KINDS and quant == "auto"
+        keep = matrix and kind in q.KINDS and quant == "blocks"
         if keep:
             blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
             if order is not None:
                 blocks = blocks.rows(torch.from_numpy(order))
         else:
-            if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "auto":
+            if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
                 costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
             w = torch.from_numpy(np.ascontiguousarray(dequantize(raw, t.tensor_type)).astype(np.float32))
             w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)

