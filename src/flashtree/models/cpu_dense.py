@@ -147,7 +147,7 @@ def _load() -> str | None:
             build = build_directory()
             with _one_loader(build):
                 load(name=_NAME, sources=_SOURCES, is_python_module=False, build_directory=str(build),
-                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
+                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", f"-DFLASHTREE_KERNELS_H={header}"],
                      verbose=False)
             torch.library.register_fake("flashtree::dense")(_dense_shape)
             torch.library.register_fake("flashtree::dense_bf16")(_dense_shape)

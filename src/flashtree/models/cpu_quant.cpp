@@ -8,9 +8,9 @@
 // Layout (made by quant.py from the file's blocks, once at load): qs [N, K] int8 (q8) or
 // [N, K/2] uint8 (q4: each 16 bytes hold 16 quants in their low nibbles and the next 16 in their
 // high ones, as GGUF stores a block), the quants of each run of 8 blocks interleaved (`tile`);
-// d [N, nbp] float32 block scales and, for q4, m [N, nbp] float32 block offsets (Q4_0's -8 d),
+// d [N, nbp] float16 block scales (the file's) and, for Q4_1, m [N, nbp] float16 block offsets,
 // zero past the nb = K/32 blocks up to nbp = a multiple of 8. A q4 weight is d q + m with q in
-// 0..15; a q8 weight is d q with q in -128..127.
+// 0..15 (Q4_0: m = -8 d); a q8 weight is d q with q in -128..127.
 //
 // x is quantized here per row in blocks of 32 (the rule in `quantize_row`): xq int8, a scale
 // xd and xs = xd * (sum of the block's xq). A row's output is then
@@ -102,6 +102,16 @@ inline __m256i unpack_q4(const uint8_t* p) {
 constexpr int64_t kAheadQ = 1024;
 constexpr int64_t kAheadS = 256;
 
+// Eight float16 scales (bits) as float32.
+inline __m256 halves8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Eight q4 block offsets from index i: Q4_1's stored m, or Q4_0's -8 d (m null; exact: a power of two).
+inline __m256 offsets8(const uint16_t* m, __m256 dv, int64_t i) {
+  return m ? halves8(m + i) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+}
+
 // Bytes of quants a block takes in a row.
 template <bool Q4>
 constexpr int64_t block_bytes() { return Q4 ? kB / 2 : kB; }
@@ -142,8 +152,8 @@ inline __m256i dot4(__m256i u, __m256i s) {
 // one by one (their sum broadcast by its scale).
 template <int MR, int NR, bool Q4>
 inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
-                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const float* __restrict d,
-                 const float* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
+                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const uint16_t* __restrict d,
+                 const uint16_t* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
   constexpr int64_t BB = block_bytes<Q4>();
   const int64_t nb = K / kB, S = nb / 8;
   __m256 acc[MR][NR];
@@ -179,15 +189,14 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
-      if constexpr (Q4) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
-      const __m256 dv = _mm256_loadu_ps(d + j * nbp + 8 * sb);
+      if (m) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
+      const __m256 dv = halves8(d + j * nbp + 8 * sb);
+      const __m256 mv = Q4 ? offsets8(m, dv, j * nbp + 8 * sb) : dv;
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]),
                                     _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * nbp + 8 * sb)), acc[i][j]);
-        if constexpr (Q4)
-          acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * nbp + 8 * sb), _mm256_loadu_ps(xs + i * nbp + 8 * sb),
-                                      acc[i][j]);
+        if constexpr (Q4) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * sb), acc[i][j]);
       }
     }
   }
@@ -195,7 +204,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       const __m256i w = weight_bytes<Q4>(qs + j * ldq + b * BB);
-      const float dw = d[j * nbp + b];
+      const float dw = _cvtsh_ss(d[j * nbp + b]);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         __m256i u, sg;
@@ -207,11 +216,11 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
   if constexpr (Q4) {  // the tail's offsets: its blocks (and zeros past them) in one run of eight lanes
     if (8 * S < nb) {
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j)
+      for (int j = 0; j < NR; ++j) {
+        const __m256 mv = offsets8(m, halves8(d + j * nbp + 8 * S), j * nbp + 8 * S);
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i)
-          acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * nbp + 8 * S), _mm256_loadu_ps(xs + i * nbp + 8 * S),
-                                      acc[i][j]);
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * S), acc[i][j]);
+      }
     }
   }
 #pragma GCC unroll 16
@@ -227,9 +236,10 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 // weight row each, both rows' bytes staying in L1), then the one to three left (two rows each).
 template <bool Q4>
 void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
-          int64_t ldq, const float* d, const float* m, float* y, int64_t N, const float* bias, int64_t n, bool two) {
+          int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N, const float* bias, int64_t n,
+          bool two) {
   auto at = [&](int64_t r) {  // weight row r's pointers
-    return std::make_tuple(qs + r * ldq, d + r * nbp, Q4 ? m + r * nbp : nullptr, bias ? bias + r : nullptr);
+    return std::make_tuple(qs + r * ldq, d + r * nbp, m ? m + r * nbp : nullptr, bias ? bias + r : nullptr);
   };
   const auto [q0, d0, m0, b0] = at(n);
   int64_t i = 0;
@@ -269,7 +279,7 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
 // Every x row against weight rows [n0, n1), two at a time.
 template <bool Q4>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
-          const uint8_t* qs, int64_t ldq, const float* d, const float* m, float* y, int64_t N,
+          const uint8_t* qs, int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += 2) pair<Q4>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
 }
@@ -284,8 +294,9 @@ void interleave_row(const int8_t* plain, int64_t K, int8_t* out) {
   std::memcpy(out + S * 256, plain + S * 256, K - S * 256);
 }
 
-// x [..., K] float32, bfloat16 or float64 (quantized from float32 all the same); qs [N, K] int8 or [N, K/2] uint8; d, m [N, nbp] float32 (m for
-// q4 only); bias [N] float32 or none -> [..., N] in x's dtype.
+// x [..., K] float32, bfloat16 or float64 (quantized from float32 all the same); qs [N, K] int8 or
+// [N, K/2] uint8; d, m [N, nbp] float16 (m: Q4_1 only; Q4_0's offsets are -8 d); bias [N] or none
+// -> [..., N] in x's dtype.
 at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const std::optional<at::Tensor>& m,
                   const std::optional<at::Tensor>& bias) {
   const auto dt = x.scalar_type();
@@ -299,11 +310,11 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::qdense: x has ", x.size(-1), " features, the weight ", K);
   const int64_t nbp = d.size(-1);
   TORCH_CHECK(d.dim() == 2 && d.size(0) == N && nbp % 8 == 0 && nbp >= K / kB && d.is_contiguous() &&
-                  d.scalar_type() == at::kFloat,
-              "flashtree::qdense: d must be [N, a multiple of 8 >= K/32] float32, contiguous");
-  TORCH_CHECK(q4 == m.has_value(), "flashtree::qdense: m goes with q4 weights only");
-  if (q4)
-    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == at::kFloat,
+                  d.scalar_type() == at::kHalf,
+              "flashtree::qdense: d must be [N, a multiple of 8 >= K/32] float16, contiguous");
+  TORCH_CHECK(q4 || !m.has_value(), "flashtree::qdense: m goes with q4 weights only");
+  if (m.has_value())
+    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == at::kHalf,
                 "flashtree::qdense: m must be shaped and typed as d");
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "flashtree::qdense: bias must be [N]");
@@ -325,8 +336,8 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   }
   const float* bp = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   const uint8_t* q = reinterpret_cast<const uint8_t*>(qs.data_ptr());
-  const float* dp = d.data_ptr<float>();
-  const float* mp = q4 ? m->data_ptr<float>() : nullptr;
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
+  const uint16_t* mp = m.has_value() ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t ldq = qs.size(1);
   // shares of whole row pairs, as the float kernel's panels (panel_shares' rule)

@@ -65,9 +65,13 @@ def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), leaf, module)
 
 
-def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks") -> dict[str, int]:
-    """Fill `model` (a TargetModel built for the file's config, on the CPU, in its dtype) from `src`.
-    Returns how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
+def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
+                      dtype: torch.dtype | None = None) -> dict[str, int]:
+    """Fill `model` (a TargetModel built for the file's config; its parameters may be on the meta
+    device: each is set from the file, in `dtype`, default the parameters') from `src`. A tensor
+    kept in blocks is read from the file into its blocks alone (no float copy of it exists at any
+    point, and the file is read, not mapped, so its pages are not this process's memory). Returns
+    how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
     if quant not in (None, "blocks", *q.QUANTS):
@@ -75,12 +79,13 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks")
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     cfg = model.config
-    dtype = next(p for p in model.parameters()).dtype
+    dtype = dtype or next(p for p in model.parameters()).dtype
     params = dict(model.named_parameters())
     tied = bool(cfg.tie_word_embeddings)
     forms: dict[str, int] = {}
     costly: dict[str, int] = {}
     seen: set[str] = set()
+    file = open(src, "rb")
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -91,17 +96,21 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks")
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
             order = unpermute_rows(n, heads)
-        raw = np.asarray(t.data)
         matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
         keep = matrix and kind in q.KINDS and quant == "blocks"
         if keep:
+            raw = np.empty(int(t.n_bytes), np.uint8)
+            file.seek(int(t.data_offset))
+            if file.readinto(raw) != raw.size:
+                raise ConfigError(f"{src}: tensor '{t.name}' runs past the end of the file")
             blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
+            del raw
             if order is not None:
                 blocks = blocks.rows(torch.from_numpy(order))
         else:
             if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
                 costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
-            w = torch.from_numpy(np.ascontiguousarray(dequantize(raw, t.tensor_type)).astype(np.float32))
+            w = torch.from_numpy(np.ascontiguousarray(dequantize(np.asarray(t.data), t.tensor_type)).astype(np.float32))
             w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)
             if order is not None:
                 w = w[torch.from_numpy(order)]
@@ -127,9 +136,10 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks")
             if tuple(p.shape) != tuple(w.shape):
                 raise ConfigError(f"{src}: tensor '{t.name}' has shape {list(w.shape)}, the config implies "
                                   f"{list(p.shape)}")
-            with torch.no_grad():
-                p.copy_(w.to(p.dtype))
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, nn.Parameter(w.to(dtype), requires_grad=False))
         seen.add(name)
+    file.close()
     if tied and "lm_head.weight" not in seen and not isinstance(model.lm_head, q.QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
         seen.add("lm_head.weight")

@@ -208,15 +208,16 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
         path, src = cached_conversion(src, weights=True), None
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
-    model = model.to_empty(device=dev).to(dt)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
-    if src is not None:
-        forms = load_gguf_weights(model, src, qt)
+    if src is not None:  # every parameter is set from the file: none is allocated before (blocks stay blocks)
+        forms = load_gguf_weights(model, src, qt, dtype=dt)
         log.info("weights from %s: %s", src.name, ", ".join(f"{v} {k}" for k, v in forms.items()))
+        model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float()
         model.to(dev)
     else:
+        model = model.to_empty(device=dev).to(dt)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
         tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # a tied head is the embedding, as in HF
         load_state(model, path, ignorable=tied, optional=tied, tp=tp)
         if qt in ("q8_0", "q4_0"):

@@ -2,9 +2,9 @@
 
 `Blocks` is one weight [N, K]: quants `qs` ([N, K] int8 for q8, [N, K/2] uint8 nibbles for q4,
 each 16 bytes holding 16 quants in their low nibbles and the next 16 in their high ones), block
-scales `d` and, for q4, block offsets `m` ([N, nbp] float32, zero past the K/32 blocks up to a
-multiple of 8). A weight is `d q` (q8, q in -128..127) or `d q + m` (q4, q in 0..15; Q4_0's
-q - 8 is an offset of -8 d). The quants are in GGUF's order, or (`interleave`, what
+scales `d` and, for Q4_1, block offsets `m` ([N, nbp] float16 as the file stores them, zero past
+the K/32 blocks up to a multiple of 8). A weight is `d q` (q8, q in -128..127) or `d q + m` (q4, q
+in 0..15; Q4_0's q - 8 is the offset -8 d, not stored). The quants are in GGUF's order, or (`interleave`, what
 `cpu_quant.cpp` multiplies) by eights: each run of 8 blocks stored as 8 groups of 32 quants, group
 g holding quants 4g..4g+3 of each of the 8 blocks in turn; the blocks after the last whole run as
 they are. `from_gguf` reads a tensor's
@@ -39,8 +39,8 @@ def padded_blocks(k: int) -> int:
 class Blocks:
     kind: str                 # q8_0 | q4_0 | q4_1 (what the file held; q4_0 runs as q4 with m = -8 d)
     qs: torch.Tensor          # [N, K] int8 | [N, K/2] uint8
-    d: torch.Tensor           # [N, nbp] float32
-    m: torch.Tensor | None    # [N, nbp] float32 (q4 only)
+    d: torch.Tensor           # [N, nbp] float16
+    m: torch.Tensor | None    # [N, nbp] float16 (Q4_1 only)
     interleaved: bool = False  # quants by eights (`interleave`), else in GGUF's order
 
     @property
@@ -56,14 +56,21 @@ class Blocks:
         """q [N, K] as integers in weight order (q4: 0..15)."""
         return stored_values(self.qs, self.shape[1], self.interleaved)
 
+    def offsets(self) -> torch.Tensor | None:
+        """The q4 block offsets [N, nbp] float32 (Q4_0: -8 d), None for q8."""
+        if self.m is not None:
+            return self.m.float()
+        return -8 * self.d.float() if self.qs.dtype == torch.uint8 else None
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [N, K] (float32 products: d q + m, as the kernel's model of it)."""
         n, k = self.shape
         nb = k // BLOCK
         q = self.quants().view(n, nb, BLOCK).float()
-        w = q * self.d[:, :nb, None]
-        if self.m is not None:
-            w = w + self.m[:, :nb, None]
+        w = q * self.d.float()[:, :nb, None]
+        m = self.offsets()
+        if m is not None:
+            w = w + m[:, :nb, None]
         return w.reshape(n, k).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> "Blocks":
@@ -75,7 +82,7 @@ class Blocks:
 def cat(parts: list[Blocks]) -> Blocks | None:
     """The weights' rows one after another (a fused q/k/v or gate/up), or None where their kinds
     differ (a file may store v in another type than q and k)."""
-    kinds = {p.kind if p.kind != "q4_0" else "q4_1" for p in parts}
+    kinds = {p.kind for p in parts}
     if len(kinds) != 1 or len({(p.shape[1], p.interleaved) for p in parts}) != 1:
         return None
     m = None if parts[0].m is None else torch.cat([p.m for p in parts])
@@ -97,11 +104,11 @@ def order_by_eights(k: int) -> np.ndarray:
 
 
 def _unpack(qs: torch.Tensor, k: int) -> torch.Tensor:
-    """Stored quants [..., K] as integers (q4: each 16 bytes' low nibbles, then their high ones)."""
+    """Stored quants [..., K] as bytes (q8: int8; q4: uint8, each 16 bytes' low nibbles, then their high ones)."""
     if qs.dtype == torch.int8:
-        return qs.to(torch.int16)
+        return qs
     b = qs.unflatten(-1, (k // BLOCK, BLOCK // 2))
-    return torch.cat([b & 15, b >> 4], dim=-1).flatten(-2).to(torch.int16)
+    return torch.cat([b & 15, b >> 4], dim=-1).flatten(-2)
 
 
 def _pack(values: torch.Tensor, q4: bool) -> torch.Tensor:
@@ -114,7 +121,7 @@ def _pack(values: torch.Tensor, q4: bool) -> torch.Tensor:
 
 def stored_values(qs: torch.Tensor, k: int, interleaved: bool) -> torch.Tensor:
     """Quants [..., K] in weight order from stored rows qs [..., K or K/2]."""
-    v = _unpack(qs, k)
+    v = _unpack(qs, k).to(torch.int16)
     if not interleaved:
         return v
     return v[..., torch.from_numpy(np.argsort(order_by_eights(k)))]
@@ -125,8 +132,11 @@ def interleave(w: Blocks) -> Blocks:
     if w.interleaved:
         return w
     n, k = w.shape
-    v = w.quants()[:, torch.from_numpy(order_by_eights(k))]
-    return Blocks(w.kind, _pack(v, w.qs.dtype == torch.uint8), w.d, w.m, True)
+    order = torch.from_numpy(order_by_eights(k))
+    out = torch.empty_like(w.qs)
+    for r in range(0, n, 4096):  # a few MB at a time: an 8 B model's embedding is 0.6 GB of quants
+        out[r:r + 4096] = _pack(_unpack(w.qs[r:r + 4096], k)[:, order], w.qs.dtype == torch.uint8)
+    return Blocks(w.kind, out, w.d, w.m, True)
 
 
 def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
@@ -138,18 +148,18 @@ def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
         raise ValueError(f"a {kind} row of {k} weights is not whole blocks of {BLOCK}")
     nb, nbp = k // BLOCK, padded_blocks(k)
     blocks = np.ascontiguousarray(raw).reshape(n, nb, _BYTES[kind])
-    d = np.zeros((n, nbp), np.float32)
+    d = np.zeros((n, nbp), np.float16)
     d[:, :nb] = blocks[..., 0:2].copy().view(np.float16)[..., 0]
     if kind == "q8_0":
         qs = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
         return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), None)
-    m = np.zeros((n, nbp), np.float32)
+    m = None
     if kind == "q4_1":
+        m = np.zeros((n, nbp), np.float16)
         m[:, :nb] = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-    else:  # q4_0: d (q - 8) = d q + (-8 d), exactly (a power of two)
-        m[:, :nb] = -8 * d[:, :nb]
+        m = torch.from_numpy(m)
     qs = np.ascontiguousarray(blocks[..., _BYTES[kind] - 16:]).reshape(n, k // 2)
-    return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m))
+    return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), m)
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Blocks:
@@ -193,8 +203,9 @@ def reference(x: torch.Tensor, w: Blocks, bias: torch.Tensor | None = None) -> n
     isum = np.einsum("mbi,nbi->mnb", xq.astype(np.int64).reshape(-1, nb, BLOCK), q)   # [M, N, nb] exact
     d = w.d.numpy()[:, :nb].astype(np.float64)
     y = (isum * (xd[:, None, :nb].astype(np.float64) * d[None])).sum(-1)
-    if w.m is not None:
-        y += xs[:, :nb].astype(np.float64) @ w.m.numpy()[:, :nb].astype(np.float64).T
+    m = w.offsets()
+    if m is not None:
+        y += xs[:, :nb].astype(np.float64) @ m.numpy()[:, :nb].astype(np.float64).T
     if bias is not None:
         y += bias.detach().double().numpy()
     return y
@@ -250,9 +261,12 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK
         q = _unpack(self.qs[ids], k)[..., self.plain].unflatten(-1, (nb, BLOCK))   # [..., nb, 32] in weight order
-        w = q.float() * self.d[ids][..., :nb, None]
+        d = self.d[ids][..., :nb, None].float()
+        w = q.float() * d
         if self.m is not None:
-            w = w + self.m[ids][..., :nb, None]
+            w = w + self.m[ids][..., :nb, None].float()
+        elif self.qs.dtype == torch.uint8:  # Q4_0: the offset -8 d
+            w = w - 8 * d
         return w.flatten(-2).to(self.dtype)                                  # [..., K]
 
 
