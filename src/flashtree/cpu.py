@@ -216,3 +216,15 @@ class ThreadGovernor:
             self.now = n
             self.apply(n)
         return self.now
+
+
+def return_free_heap() -> None:
+    """Hand the heap's free memory back to the OS (glibc's malloc_trim): a load's temporaries
+    (float32 tensors converted to the model's dtype, packing copies, blocks re-laid) leave freed
+    blocks that the allocator otherwise keeps resident, and the next, larger allocation takes new
+    pages beside them. Nothing where the C library has no malloc_trim."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: glibc's where it is the C library
+    except (OSError, AttributeError):
+        pass

@@ -63,18 +63,7 @@ def freeze_heap(owner) -> None:
     gc.collect()
     gc.freeze()
     weakref.finalize(owner, gc.unfreeze)
-    return_free_heap()
-
-
-def return_free_heap() -> None:
-    """Hand the heap's free memory back to the OS (glibc's malloc_trim): a load's temporaries
-    (float32 tensors converted to the model's dtype, packing copies) leave freed blocks that
-    the allocator otherwise keeps resident. Nothing where the C library has no malloc_trim."""
-    import ctypes
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: glibc's where it is the C library
-    except (OSError, AttributeError):
-        pass
+    cpu.return_free_heap()
 
 
 class LLM:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import cpu
 from ..config import ConfigError
 from . import quant as q
 
@@ -127,6 +128,8 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                 mod = name.removesuffix(".weight")
                 old = model.get_submodule(mod)
                 _set_module(model, mod, q.QuantLinear(blocks, old.bias))  # (its bias, read before or after)
+            del blocks
+            cpu.return_free_heap()  # this tensor's temporaries, before the next one's: the peak stays the weights
         else:
             forms["float"] = forms.get("float", 0) + 1
             if name not in params:

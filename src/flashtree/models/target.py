@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import cpu
 from ..config import ModelConfig
 from .layers import MLP, Attention, Linear, Paged, RMSNorm, Rotary, page_rows, paged_applies
 
@@ -119,4 +120,5 @@ class TargetModel(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+            cpu.return_free_heap()  # the parts each fused weight replaced, before the next layer's copies
         return self
