@@ -13,8 +13,9 @@ weight by llama.cpp's rounding (the `gguf` package's reference quantizer), `dequ
 float weight back, `reference` computes what the kernel computes in float64 (the tests' oracle).
 
 `QuantLinear` is the projection over `Blocks` (`torch.ops.flashtree.qdense`, eager or compiled);
-`QuantEmbedding` looks rows up and dequantizes them. Nothing here reads a file or decides which
-layers are quantized (`gguf_weights.py` and the loader do).
+`QuantEmbedding` looks rows up and dequantizes them; `quantize_projections` puts every projection
+of a float model in blocks (quant="q8_0" | "q4_0"). Nothing here reads a file or decides which
+form a model takes (`gguf_weights.py` and the loader do).
 """
 from __future__ import annotations
 
