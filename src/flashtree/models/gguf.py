@@ -2,9 +2,9 @@
 
 `cached_conversion(src)` writes a file's config and tokenizer once into flashtree's cache, a
 directory whose weights `gguf_weights.py` reads from the file at load (blocks kept; see there).
-`convert_gguf(src, out)` (`flashtree convert`, and `cached_conversion(src, weights=True)`) reads a llama / qwen2 / qwen3 `.gguf` with transformers' GGUF
-integration (which dequantizes with the `gguf` package and undoes llama.cpp's Q/K row
-permutation), then writes `config.json`, `model.safetensors`, `generation_config.json` and the
+`convert_gguf(src, out)` (`flashtree convert`, and `cached_conversion(src, weights=True)`) reads
+a llama / qwen2 / qwen3 `.gguf` with transformers' GGUF integration (which dequantizes with the
+`gguf` package and undoes llama.cpp's Q/K row permutation), then writes `config.json`, `model.safetensors`, `generation_config.json` and the
 tokenizer (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) built from the
 file's metadata. `gguf_source(dir)` names the file a directory was converted
 from. `requantize_gguf` writes a file's weights again unquantized (the F32/BF16 files the llama.cpp

@@ -1,7 +1,8 @@
 """A GGUF file's weights read straight into a `TargetModel`: blocks kept, nothing converted.
 
 `load_gguf_weights(model, src, quant)` reads every tensor of a llama / qwen2 / qwen3 `.gguf`
-(the `gguf` package's reader maps the file; each tensor is copied out once) under its HF name:
+(the `gguf` package's reader for the layout; a kept tensor's bytes read once into its blocks)
+under its HF name:
 - `quant="blocks"`: Q8_0 / Q4_0 / Q4_1 projections and embeddings stay in their blocks
   (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks);
   any other type (K-quants, F16, ...) is dequantized into the model's dtype, with one warning
@@ -86,63 +87,63 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     forms: dict[str, int] = {}
     costly: dict[str, int] = {}
     seen: set[str] = set()
-    file = open(src, "rb")
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue
-        kind = t.tensor_type.name.lower()
-        n, k = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
-        order = None
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
-            order = unpermute_rows(n, heads)
-        matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
-        keep = matrix and kind in q.KINDS and quant == "blocks"
-        if keep:
-            raw = np.empty(int(t.n_bytes), np.uint8)
-            file.seek(int(t.data_offset))
-            if file.readinto(raw) != raw.size:
-                raise ConfigError(f"{src}: tensor '{t.name}' runs past the end of the file")
-            blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
-            del raw
-            if order is not None:
-                blocks = blocks.rows(torch.from_numpy(order))
-        else:
-            if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
-                costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
-            w = torch.from_numpy(np.ascontiguousarray(dequantize(np.asarray(t.data), t.tensor_type)).astype(np.float32))
-            w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)
-            if order is not None:
-                w = w[torch.from_numpy(order)]
-            if matrix and quant in q.QUANTS:
-                blocks, keep = q.quantize(w, quant), True
-        if keep:
-            blocks = q.interleave(blocks)  # the kernel's layout, once (a tied head and its embedding share it)
-            forms[blocks.kind] = forms.get(blocks.kind, 0) + 1
-            if name == "model.embed_tokens.weight":
-                _set_module(model, "model.embed_tokens", q.QuantEmbedding(blocks, dtype))
-                if tied:
-                    model.lm_head = q.QuantLinear(blocks)
+    with open(src, "rb") as file:
+        for t in reader.tensors:
+            name = hf_name(t.name)
+            if name is None:
+                continue
+            kind = t.tensor_type.name.lower()
+            n, k = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
+            order = None
+            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
+                order = unpermute_rows(n, heads)
+            matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
+            keep = matrix and kind in q.KINDS and quant == "blocks"
+            if keep:
+                raw = np.empty(int(t.n_bytes), np.uint8)
+                file.seek(int(t.data_offset))
+                if file.readinto(raw) != raw.size:
+                    raise ConfigError(f"{src}: tensor '{t.name}' runs past the end of the file")
+                blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
+                del raw
+                if order is not None:
+                    blocks = blocks.rows(torch.from_numpy(order))
             else:
-                mod = name.removesuffix(".weight")
-                old = model.get_submodule(mod)
-                _set_module(model, mod, q.QuantLinear(blocks, old.bias))  # (its bias, read before or after)
-            del blocks
-            cpu.return_free_heap()  # this tensor's temporaries, before the next one's: the peak stays the weights
-        else:
-            forms["float"] = forms.get("float", 0) + 1
-            if name not in params:
-                raise ConfigError(f"{src}: tensor '{t.name}' ({name}) is not a weight of the model its metadata "
-                                  f"describes")
-            p = params[name]
-            if tuple(p.shape) != tuple(w.shape):
-                raise ConfigError(f"{src}: tensor '{t.name}' has shape {list(w.shape)}, the config implies "
-                                  f"{list(p.shape)}")
-            owner, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(owner), leaf, nn.Parameter(w.to(dtype), requires_grad=False))
-        seen.add(name)
-    file.close()
+                if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
+                    costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
+                w = dequantize(np.asarray(t.data), t.tensor_type)
+                w = torch.from_numpy(np.ascontiguousarray(w).astype(np.float32))
+                w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)
+                if order is not None:
+                    w = w[torch.from_numpy(order)]
+                if matrix and quant in q.QUANTS:
+                    blocks, keep = q.quantize(w, quant), True
+            if keep:
+                blocks = q.interleave(blocks)  # the kernel's layout, once (a tied head and its embedding share it)
+                forms[blocks.kind] = forms.get(blocks.kind, 0) + 1
+                if name == "model.embed_tokens.weight":
+                    _set_module(model, "model.embed_tokens", q.QuantEmbedding(blocks, dtype))
+                    if tied:
+                        model.lm_head = q.QuantLinear(blocks)
+                else:
+                    mod = name.removesuffix(".weight")
+                    old = model.get_submodule(mod)
+                    _set_module(model, mod, q.QuantLinear(blocks, old.bias))  # (its bias, read before or after)
+                del blocks
+                cpu.return_free_heap()  # this tensor's temporaries, before the next one's: the peak stays the weights
+            else:
+                forms["float"] = forms.get("float", 0) + 1
+                if name not in params:
+                    raise ConfigError(f"{src}: tensor '{t.name}' ({name}) is not a weight of the model its metadata "
+                                      f"describes")
+                p = params[name]
+                if tuple(p.shape) != tuple(w.shape):
+                    raise ConfigError(f"{src}: tensor '{t.name}' has shape {list(w.shape)}, the config implies "
+                                      f"{list(p.shape)}")
+                owner, _, leaf = name.rpartition(".")
+                setattr(model.get_submodule(owner), leaf, nn.Parameter(w.to(dtype), requires_grad=False))
+            seen.add(name)
     if tied and "lm_head.weight" not in seen and not isinstance(model.lm_head, q.QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
         seen.add("lm_head.weight")

@@ -84,16 +84,23 @@ def pack_projections(model: nn.Module) -> bool:
     return True
 
 
-def _fused_blocks(parts) -> quant.QuantLinear | None:
-    """Quantized projections' rows as one (None where they are not all blocks of one kind: unfused)."""
-    if not all(isinstance(p, quant.QuantLinear) for p in parts):
+def _fused(parts) -> Linear | quant.QuantLinear | None:
+    """The projections' rows one after another as one projection (inference only): a Linear of
+    Linears, a QuantLinear of blocks of one kind; None for any other mix (left unfused)."""
+    bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
+    if all(isinstance(p, quant.QuantLinear) for p in parts):
+        blocks = quant.cat([p.blocks for p in parts])
+        return None if blocks is None else quant.QuantLinear(blocks, bias)
+    if not all(isinstance(p, Linear) for p in parts):
         return None
-    blocks = quant.cat([p.blocks for p in parts])
-    if blocks is None:
-        return None
-    biases = [p.bias for p in parts]
-    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-    return quant.QuantLinear(blocks, bias)
+    w = parts[0].weight
+    fused = Linear(w.shape[1], sum(p.out_features for p in parts), bias=bias is not None)
+    fused = fused.to(device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if bias is not None:
+            fused.bias.copy_(bias)
+    return fused.requires_grad_(False)
 
 
 class RMSNorm(nn.Module):
@@ -202,22 +209,10 @@ class Attention(nn.Module):
         """Replace q/k/v_proj by one `qkv_proj` (rows q, then k, then v): one GEMM per layer."""
         if hasattr(self, "qkv_proj"):
             return
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        if not all(isinstance(p, Linear) for p in parts):
-            fused = _fused_blocks(parts)
-            if fused is not None:
-                self.qkv_proj = fused
-                del self.q_proj, self.k_proj, self.v_proj
-            return
-        fused = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
-        fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([p.weight for p in parts]))
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([p.bias for p in parts]))
-        fused.requires_grad_(False)
-        self.qkv_proj = fused
-        del self.q_proj, self.k_proj, self.v_proj
+        fused = _fused((self.q_proj, self.k_proj, self.v_proj))
+        if fused is not None:
+            self.qkv_proj = fused
+            del self.q_proj, self.k_proj, self.v_proj
 
     def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, T, H, D], k and v [B, T, Hkv, D], with q/k norms and RoPE applied."""
@@ -280,22 +275,10 @@ class MLP(nn.Module):
         """Replace gate/up_proj by one `gate_up_proj` (rows gate, then up): one GEMM."""
         if hasattr(self, "gate_up_proj"):
             return
-        g, u = self.gate_proj, self.up_proj
-        if not (isinstance(g, Linear) and isinstance(u, Linear)):
-            fused = _fused_blocks((g, u))
-            if fused is not None:
-                self.gate_up_proj = fused
-                del self.gate_proj, self.up_proj
-            return
-        fused = Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None)
-        fused = fused.to(device=g.weight.device, dtype=g.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([g.weight, u.weight]))
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([g.bias, u.bias]))
-        fused.requires_grad_(False)
-        self.gate_up_proj = fused
-        del self.gate_proj, self.up_proj
+        fused = _fused((self.gate_proj, self.up_proj))
+        if fused is not None:
+            self.gate_up_proj = fused
+            del self.gate_proj, self.up_proj
 
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):

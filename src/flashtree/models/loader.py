@@ -17,8 +17,11 @@ from safetensors.torch import save_file
 from .. import switches
 from ..config import ConfigError, DrafterConfig, ModelConfig
 from .drafter import DFlashDrafter
+from .gguf import cached_conversion, weights_in_gguf
+from .gguf_weights import load_gguf_weights
 from .layers import rope_inv_freq
 from .parallel import TPGroup, local_config, make_all_reduce, shard_index
+from .quant import QUANTS, quantize_projections
 from .target import TargetModel
 
 log = logging.getLogger("flashtree.models")
@@ -145,13 +148,16 @@ def auto_quant(device: torch.device) -> tuple[str | None, str]:
     weights in the model's dtype; why). Blocks wherever the integer kernel runs, except on the
     amx path: there bf16 tiles verify a 16-token tree at 1.6x a one-token step and the blocks'
     AVX2 products at 4.6x, and SmolLM2's default (hybrid, budget auto) ran 147 tok/s on its
-    blocks against 183 in bf16, though plain decoding ran 112 against 83
+    blocks against 190 in bf16, though plain decoding ran 112 against 86
     (benchmarks/quant_2026-12-06). FLASHTREE_QUANT (blocks | none | q8_0 | q4_0) overrides."""
     from .. import cpu
     from . import cpu_dense
     forced = switches.value("FLASHTREE_QUANT")
     if forced and forced != "auto":
-        return (None if forced == "none" else forced), f"FLASHTREE_QUANT={forced}"  # (checked by resolve_quant)
+        if forced not in ("blocks", "none", *QUANTS):
+            raise ConfigError(f"FLASHTREE_QUANT='{forced}' is not supported; use one of auto, blocks, none, "
+                              f"{', '.join(QUANTS)}")
+        return (None if forced == "none" else forced), f"FLASHTREE_QUANT={forced}"
     if device.type != "cpu":
         return None, "blocks run on the CPU only"
     why = cpu_dense.why_unavailable()
@@ -169,15 +175,12 @@ def resolve_quant(quant: str | None, device: torch.device) -> str | None:
     Q4_1 blocks where that is faster; None / "none" runs float weights; "q8_0" / "q4_0"
     quantizes every projection at load. Blocks run on flashtree's CPU kernel only: a quant asked
     for by name without it is refused with the reason."""
-    from . import cpu_dense, quant as q
+    from . import cpu_dense
     quant = None if quant in (None, "none") else quant
-    if quant not in (None, "auto", "blocks", *q.QUANTS):
-        raise ConfigError(f"quant '{quant}' is not supported; use one of auto, blocks, none, {', '.join(q.QUANTS)}")
+    if quant not in (None, "auto", "blocks", *QUANTS):
+        raise ConfigError(f"quant '{quant}' is not supported; use one of auto, blocks, none, {', '.join(QUANTS)}")
     if quant == "auto":
         quant = auto_quant(device)[0]
-    if quant not in (None, "blocks", *q.QUANTS):
-        raise ConfigError(f"FLASHTREE_QUANT='{quant}' is not supported; use one of auto, blocks, none, "
-                          f"{', '.join(q.QUANTS)}")
     if quant is None:
         return None
     why = "quantized weights run on the CPU only" if device.type != "cpu" else cpu_dense.why_unavailable()
@@ -192,9 +195,6 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
     """tp: load only rank tp.rank's shard of the target (its heads and intermediate rows); its
     layers then all-reduce their row-parallel outputs (`parallel.py`). quant: `resolve_quant`;
     a directory converted from a GGUF reads its weights from the file (`gguf_weights.py`)."""
-    from .gguf import weights_in_gguf
-    from .gguf_weights import load_gguf_weights
-    from .quant import quantize_projections
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     dev = resolve_device(device)
@@ -204,7 +204,6 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
     qt = resolve_quant(quant, dev) if tp is None else None
     src = weights_in_gguf(path)
     if src is not None and tp is not None:  # shards come from a float checkpoint: the file's, dequantized once
-        from .gguf import cached_conversion
         path, src = cached_conversion(src, weights=True), None
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)

@@ -49,10 +49,6 @@ class Blocks:
         n, w = self.qs.shape
         return n, w if self.qs.dtype == torch.int8 else 2 * w
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
-
     def quants(self) -> torch.Tensor:
         """q [N, K] as integers in weight order (q4: 0..15)."""
         return stored_values(self.qs, self.shape[1], self.interleaved)
