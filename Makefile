@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo serve test test-slow bench clean chromium
+.PHONY: setup demo serve lint test test-slow bench clean chromium
 
 $(BIN)/flashtree: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,12 @@ chromium:
 # (make test TEST_WORKERS=0: serially, in one process; more on a bigger machine)
 TEST_WORKERS ?= 2
 
-test: setup chromium
+# the house rules (pyproject.toml: ruff's rule set, import-linter's layers and no cycles)
+lint: setup
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/lint-imports --no-cache
+
+test: setup chromium lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup

@@ -18,6 +18,7 @@ CASES = [(M, K, N, scale) for M, K, N in SHAPES for scale in (1.0, 30.0)]
 
 def run(out: str) -> None:
     import torch
+
     from flashtree.models import cpu_dense as cd
     assert cd.available(), cd.why_unavailable()
     g = torch.Generator().manual_seed(0)

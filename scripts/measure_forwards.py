@@ -20,9 +20,12 @@ import statistics
 import time
 from pathlib import Path
 
-from flashtree import LLM, cpu  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
+import torch
 
-import torch  # noqa: E402
+from flashtree import (  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
+    LLM,
+    cpu,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--context", type=int, default=250)
@@ -50,6 +53,7 @@ def read_bandwidth() -> float:
 
 
 from flashtree.models.registry import resolve  # noqa: E402
+
 has_drafter = resolve(a.model).drafter is not None
 llm = LLM(model=a.model, method="ddtree" if has_drafter else "ar", budget=8 if has_drafter else None,
           dtype=a.dtype, compile=True, quant=a.quant)

@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 
 from flashtree import LLM, SamplingParams
-from flashtree.engine.engine_config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PREFILL_STALL
+from flashtree.engine.engine_config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_PREFILL_STALL,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", default=None)

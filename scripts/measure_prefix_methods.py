@@ -48,7 +48,7 @@ def fresh_prefix():
     return corpus[start:start + 1500]
 
 
-cells = {(e, l): ([], []) for e in EARLIER for l in LATER}
+cells = {(e, later): ([], []) for e in EARLIER for later in LATER}
 for i in range(a.pairs + 1):  # pass 0 warms up
     for (earlier, later), (cold, warm) in cells.items():
         tc = timed(fresh_prefix() + tok.encode(f" q{i}a"), *later, a.max_tokens)

@@ -13,9 +13,11 @@ import statistics
 import sys
 import time
 
-import flashtree  # noqa: F401  (first: it settles the instruction path before torch loads)
 import torch
+
+import flashtree  # noqa: F401  (first: it settles the instruction path before torch loads)
 from flashtree.models import cpu_dense, quant
+
 assert cpu_dense.available()
 torch.manual_seed(0)
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -26,7 +28,8 @@ qw = mk("q4_1")
 head = quant.interleave(quant.quantize(torch.randn(49152, 576) * 0.05, "q8_0"))
 bw = [[torch.randn(n, k).bfloat16() for (n, k) in shapes] for _ in range(L)]
 bp = [[cpu_dense.pack(w) for w in ws] for ws in bw]
-hb = torch.randn(49152, 576).bfloat16(); hbp = cpu_dense.pack(hb)
+hb = torch.randn(49152, 576).bfloat16()
+hbp = cpu_dense.pack(hb)
 # torch int4 packed (group 32)
 def t4(w):
     n, k = w.shape
@@ -39,7 +42,7 @@ def run_q(T):
     x = {k: torch.randn(T, k).bfloat16() for k in (576, 1536)}
     def f():
         for ws in qw:
-            for w, (n, k) in zip(ws, shapes):
+            for w, (_n, k) in zip(ws, shapes):
                 torch.ops.flashtree.qdense(x[k], w.qs, w.d, w.m, None)
         torch.ops.flashtree.qdense(x[576], head.qs, head.d, None, None)
     return f
@@ -47,7 +50,7 @@ def run_b(T):
     x = {k: torch.randn(T, k).bfloat16() for k in (576, 1536)}
     def f():
         for ws, ps in zip(bw, bp):
-            for w, p, (n, k) in zip(ws, ps, shapes):
+            for w, p, (_n, k) in zip(ws, ps, shapes):
                 cpu_dense.dense(x[k], w, p, None)
         cpu_dense.dense(x[576], hb, hbp, None)
     return f
@@ -55,15 +58,18 @@ def run_t(T):
     x = {k: torch.randn(T, k).bfloat16() for k in (576, 1536)}
     def f():
         for ws in tw:
-            for (p, sz), (n, k) in zip(ws, shapes):
+            for (p, sz), (_n, k) in zip(ws, shapes):
                 torch.ops.aten._weight_int4pack_mm_for_cpu(x[k], p, 32, sz)
         cpu_dense.dense(x[576], hb, hbp, None)
     return f
 def tm(f, n=15):
-    for _ in range(3): f()
+    for _ in range(3):
+        f()
     ts = []
     for _ in range(n):
-        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
 for T in [int(t) for t in sys.argv[1].split(",")]:
     r = {name: tm(fn(T)) for name, fn in (("qdense q4_1", run_q), ("bf16 dense", run_b), ("torch int4pack", run_t))}

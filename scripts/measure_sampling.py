@@ -17,7 +17,13 @@ import time
 import torch
 
 from flashtree.models import cpu_dense
-from flashtree.sampling import FilterPlan, argmax_rows, logits_to_probs, sample, sample_host
+from flashtree.sampling import (
+    FilterPlan,
+    argmax_rows,
+    logits_to_probs,
+    sample,
+    sample_host,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--vocab", type=int, default=4096)
@@ -50,7 +56,7 @@ if a.argmax:
     for R in (1, 9, 17, 33, 72):
         x = (torch.randn(R, V) * 3).to(torch.bfloat16)
         assert torch.equal(x.argmax(-1), argmax_rows(x))
-        got = us([lambda: x.argmax(-1), lambda: argmax_rows(x)])
+        got = us([lambda x=x: x.argmax(-1), lambda x=x: argmax_rows(x)])
         print(f"{R:>4}  {got[0]:8.0f}  {got[1]:11.0f}")
     raise SystemExit
 print(f"V={V}, {torch.get_num_threads()} thread(s); µs per call; kernel {'built' if kernel else 'not built'}")
@@ -63,7 +69,7 @@ for R in (1, 9, 72):
         T, K, P, M = torch.full((R,), t), torch.full((R,), k), torch.full((R,), pp), torch.zeros(R)
         plan = FilterPlan.of(T.tolist(), K.tolist(), P.tolist(), M.tolist(), V)
         host = (logits.numpy(), T.numpy(), K.numpy(), P.numpy(), M.numpy(), u.numpy())
-        fns = [lambda: sample(logits_to_probs(logits, T, K, P, M, plan), [(0, R)], [u])] + \
-              ([lambda: sample_host(*host)] if kernel else [])
+        fns = [lambda a=(logits, T, K, P, M, plan), R=R, u=u: sample(logits_to_probs(*a), [(0, R)], [u])] + \
+              ([lambda host=host: sample_host(*host)] if kernel else [])
         got = us(fns)
         print(f"{R:>4}  {name:>10}  " + "  ".join(f"{x:8.0f}" for x in got))

@@ -26,7 +26,7 @@ from flashtree import LLM, SamplingParams, cpu
 path, n, repeats, compile_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 llm = LLM(model=path, method="ar", compile=compile_, max_batch_size=1, max_model_len=512)
 load_s = time.perf_counter() - t0
-ids = llm.tokenizer.encode(%r)
+ids = llm.tokenizer.encode(PROMPT)
 sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 rates = []
 for r in range(repeats + 1):
@@ -38,7 +38,7 @@ for r in range(repeats + 1):
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")][0].split()[1]
 print(json.dumps({"engine": "flashtree", "isa": cpu.isa(), "quant": llm.quant, "tok_s": statistics.median(rates),
                   "rates": rates, "peak_rss_mb": int(hwm) / 1024, "load_s": load_s, "compiled": compile_}))
-""" % PROMPT
+""".replace("PROMPT", repr(PROMPT))
 
 LLAMA = r"""
 import json, statistics, sys, time
@@ -47,7 +47,7 @@ from llama_cpp import Llama
 path, n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m = Llama(model_path=path, n_ctx=512, n_threads=2, n_threads_batch=2, verbose=False)
 load_s = time.perf_counter() - t0
-ids = m.tokenize(%r.encode())
+ids = m.tokenize(PROMPT.encode())
 rates = []
 for r in range(repeats + 1):
     m.reset()
@@ -64,7 +64,7 @@ for r in range(repeats + 1):
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")][0].split()[1]
 print(json.dumps({"engine": "llama.cpp", "tok_s": statistics.median(rates), "rates": rates,
                   "peak_rss_mb": int(hwm) / 1024, "load_s": load_s}))
-""" % PROMPT
+""".replace("PROMPT", repr(PROMPT))
 
 
 def run(code: str, *args: str) -> dict:

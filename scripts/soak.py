@@ -118,7 +118,7 @@ def check_response(r: httpx.Response, stream: bool) -> str | None:
         try:
             err = r.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"]
-        except Exception:  # noqa: BLE001
+        except Exception:
             return f"{r.status_code} without an OpenAI error body: {r.text[:200]}"
         return None
     if stream:

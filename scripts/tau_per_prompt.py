@@ -16,6 +16,7 @@ import numpy as np
 
 def run(out: str, drafter: str | None) -> None:
     import torch
+
     from flashtree import LLM, SamplingParams
     from flashtree.llm import BUNDLED_DRAFTER, BUNDLED_TARGET
     from flashtree.train.corpus import load_prompts

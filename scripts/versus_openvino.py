@@ -30,6 +30,7 @@ OPENVINO = ("openvino", "openvino+dflash")
 def one_pass(config: str, prompts: int, max_tokens: int, work: Path) -> dict:
     """One warm-up prompt, then every prompt once: generated tokens / seconds."""
     import numpy as np
+
     from flashtree.llm import BUNDLED_DRAFTER, BUNDLED_TARGET
     from flashtree.tokenizer import Tokenizer
     from flashtree.train.corpus import load_prompts

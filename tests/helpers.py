@@ -72,7 +72,7 @@ def make_drafter(path: Path, target_dir: Path, block_size: int = 8, layers: int 
 
 def write_tokenizer(path: Path, vocab_size: int) -> None:
     """A word-level tokenizer over tokens 't0'..'t{V-1}' so LLM() can load test checkpoints."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -16,16 +16,30 @@ from flashtree.commands.generate import budget_arg
 from flashtree.engine.engine import Engine, EngineConfig, RequestError
 from flashtree.engine.round import RoundTimes
 from flashtree.errors import UserError
-from flashtree.measure.exactness import NEGATIVE_CONTROLS, Cell, check_cell, target_drafts, tiny_pair
+from flashtree.measure.exactness import (
+    NEGATIVE_CONTROLS,
+    Cell,
+    check_cell,
+    target_drafts,
+    tiny_pair,
+)
 from flashtree.server.app import create_app
 from flashtree.speculative.adaptive import prefix
-from flashtree.speculative.calibration import BIN_CENTRES, Calibration, path_logprobs, tau_curve
+from flashtree.speculative.calibration import (
+    BIN_CENTRES,
+    Calibration,
+    path_logprobs,
+    tau_curve,
+)
 from flashtree.speculative.costs import CostTable, choose_tokens
 from flashtree.speculative.hybrid import build_hybrid
 from flashtree.speculative.tree import build_ddtree
-from helpers import cost_table as table, pin, repetitive_prompts
+from helpers import cost_table as table
+from helpers import pin, repetitive_prompts
 from serving import Running, metric
-from test_spec_greedy import prompts  # the same random prompts as the fixed-budget greedy checks
+from test_spec_greedy import (
+    prompts,  # the same random prompts as the fixed-budget greedy checks
+)
 
 
 def drafts(L=4, K=6, seed=0, V=50):
@@ -466,7 +480,7 @@ def test_a_request_joining_plain_decoders_of_its_setting_starts_plain(models):
     target, drafter = models
     eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=3, max_model_len=160))
     pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)  # drafting never pays
-    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")  # noqa: E731
+    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")
     greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     first = eng.add_request([5, 6, 7], greedy)
     for _ in range(3):
@@ -780,7 +794,13 @@ def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
     repeat credit, no probe due yet): round by round its answers equal a controller that looks
     every round — through probes that back off, a sequence leaving, and repeats once the regime's
     credit is spent (a repeat probe that lost) and again after a drafting round that won it back."""
-    from flashtree.speculative.adaptive import PLAIN, AdaptiveBudget, Choice, regime, setting
+    from flashtree.speculative.adaptive import (
+        PLAIN,
+        AdaptiveBudget,
+        Choice,
+        regime,
+        setting,
+    )
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
     runs, looked = [], []
@@ -890,7 +910,7 @@ def test_a_wave_arriving_at_an_idle_engine_runs_in_its_batch_size_class(models):
     eng = Engine(target, drafter, EngineConfig(method="ddtree", budget="auto", max_batch_size=4, max_model_len=160,
                                                max_num_batched_tokens=10))
     pin(lambda b, t: 1e-3 * t, draft=1e-3)(eng)  # drafting never pays
-    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")  # noqa: E731
+    passes = lambda: sum(n for k, n in eng.runner.shapes.items() if k[0] == "drafter")
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
     def wave(first: int) -> list:
@@ -978,8 +998,15 @@ def test_the_probe_clock_rules_are_pure_functions_of_outcomes_and_costs():
     a round that beats plain decoding resets the gap, a half-paid probe keeps it, any other
     doubles it (at least its loss in plain rounds, at most MAX_PROBE_GAP); only a gap of two
     unpaid probes is passed on; a newcomer takes the clock of the peer that backed off most."""
-    from flashtree.speculative.probes import (INHERIT_GAP, MAX_PROBE_GAP, beats_plain, gap_after, passed_on,
-                                              peers_clock, rounds_to_probe)
+    from flashtree.speculative.probes import (
+        INHERIT_GAP,
+        MAX_PROBE_GAP,
+        beats_plain,
+        gap_after,
+        passed_on,
+        peers_clock,
+        rounds_to_probe,
+    )
     assert rounds_to_probe(None, 0, 8) == 7 and rounds_to_probe(16, 15, 8) == 0 and rounds_to_probe(16, 20, 8) < 0
     assert beats_plain(2.0, 2.0, True) and not beats_plain(3.0, 2.0, False) and not beats_plain(1.9, 2.0, True)
     assert gap_after(64, 2.0, 2.0, True) is None                 # beat plain decoding

@@ -10,9 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from flashtree.measure.bench import (BenchPlan, ComponentCosts, Config, Pass, component_costs, pass_order, portable_path,
-                                    slices, summarize_group)
 from flashtree.cli import main
+from flashtree.measure.bench import (
+    BenchPlan,
+    ComponentCosts,
+    Config,
+    Pass,
+    component_costs,
+    pass_order,
+    portable_path,
+    slices,
+    summarize_group,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -215,6 +224,7 @@ def test_bench_speculative_methods_need_a_drafter(pair, capsys):
     assert "--draft" in capsys.readouterr().err
     # a model named with its own drafter needs no --draft
     import argparse
+
     from flashtree.commands.bench import add_arguments, plan_from_args
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -325,6 +335,7 @@ def test_the_pooled_interval_tells_a_one_percent_cost_from_the_machines_drift():
     do) with 0.5 % noise of their own: a configuration 1 % slower is told apart (the interval lies
     below 1), an equal one is not (it covers 1) — the check the bench's `pooled [95%]` column makes."""
     import numpy as np
+
     from flashtree.measure.bench import Pass, pooled_ratio
     rng = np.random.default_rng(3)
 

@@ -1,8 +1,15 @@
 """BlockManager: a model-based state machine (pages, ref counts, prefix cache, eviction) and unit tests."""
 import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from flashtree.engine.block_manager import NULL_PAGE, BlockManager, page_hash
 

@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from flashtree import cpu
-from flashtree.engine.engine_config import EngineConfig, kv_bytes_per_token, kv_cache_plan
+from flashtree.engine.engine_config import (
+    EngineConfig,
+    kv_bytes_per_token,
+    kv_cache_plan,
+)
 from flashtree.engine.kv_cache import lazy_zeros
 from flashtree.models import cpu_dense
 

@@ -18,9 +18,9 @@ import pytest
 
 from flashtree import LLM
 from flashtree.cli import main
-from flashtree.measure.exactness import target_drafts
 from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.round import EngineStats
+from flashtree.measure.exactness import target_drafts
 from flashtree.server.app import create_app
 from flashtree.server.logs import DecodeBatchLog, JsonFormatter, configure_logging
 from serving import Running, free_port, wait_for

@@ -58,7 +58,7 @@ def test_a_small_vocabulary_changes_acceptance_never_the_output(tmp_path, method
     small, small_taus, vocab = run(drafter_with(tmp_path, rare), method)
     assert len(vocab) == len(used) // 2
     assert small == full == plain                      # the target decides every token
-    mean = lambda taus: np.mean([t for ts in taus for t in ts])  # noqa: E731
+    mean = lambda taus: np.mean([t for ts in taus for t in ts])
     assert mean(small_taus) < mean(full_taus) - 0.5    # and the vocabulary is what the drafter drafts from
 
 

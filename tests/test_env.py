@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from safetensors import safe_open
 
 from flashtree.cli import main
@@ -38,7 +37,9 @@ def test_env_reports_installation_and_pair(pair, capsys):
     assert c["torch_compile"]["probed"] is False and c["torch_compile"]["works"] is None
     if r["device"]["selected"] == "cpu":
         assert c["cuda_graphs"]["works"] is False
-        from flashtree.models import cpu_dense  # the report says what the runner will do, and why
+        from flashtree.models import (
+            cpu_dense,  # the report says what the runner will do, and why
+        )
         assert c["cpu_kernel"]["used"] is cpu_dense.available()
         assert c["cpu_kernel"]["why"] == (cpu_dense.why_unavailable() or c["cpu_kernel"]["why"])
     assert all(m["available"] for m in r["methods"].values()) and list(r["methods"]) == list(METHODS)
@@ -162,7 +163,7 @@ def test_bf16_projections_take_amx_tiles_on_the_amx_path_only(monkeypatch):
     monkeypatch.setattr(cpu, "isa", lambda: "avx512_bf16")
     assert cpu_dense.bf16_path() == "vdpbf16ps dot products"
     for lower in ("avx512", "avx2", cpu.NONE):
-        monkeypatch.setattr(cpu, "isa", lambda: lower)
+        monkeypatch.setattr(cpu, "isa", lambda lower=lower: lower)
         assert cpu_dense.bf16_path() is None
 
 

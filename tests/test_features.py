@@ -10,10 +10,9 @@ import torch
 from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.config import ConfigError, DrafterConfig, build_target_layer_ids
-from flashtree.models.loader import load_target
 from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.model_runner import ModelRunner
-
+from flashtree.models.loader import load_target
 from helpers import make_drafter, make_hf_target
 
 CASES = {"qwen3": dict(tie_word_embeddings=True), "llama": dict(tie_word_embeddings=False),
@@ -58,7 +57,7 @@ def test_every_layer_id_matches_hf_hidden_states_on_the_training_path(pair):
 
 def test_features_through_the_cache_match_hf_in_prefill_and_decode(pair):
     ours, hf = pair
-    c, L = ours.config, ours.config.num_hidden_layers
+    L = ours.config.num_hidden_layers
     layer_ids = list(range(L))
     ids = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(1))
     ref = hf_features(hf, ids, layer_ids)[0]

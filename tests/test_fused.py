@@ -14,7 +14,7 @@ def test_fused_projections_match_the_checkpoint_layout(tmp_path, model_type):
     target_dir = make_hf_target(tmp_path / "t", model_type, **over)
     plain = load_target(target_dir)
     with torch.no_grad():  # biases and norms away from their init values
-        for name, p in plain.named_parameters():
+        for _name, p in plain.named_parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.3)
     fused = copy.deepcopy(plain).fuse()

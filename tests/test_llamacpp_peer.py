@@ -156,8 +156,8 @@ def test_the_bf16_rewrite_keeps_its_norms_f32_and_decodes():
 
     from gguf import GGUFReader
 
-    from flashtree.models.registry import _smollm2_gguf
     from flashtree.measure.peers import llama_cpp_crash, llama_cpp_files
+    from flashtree.models.registry import _smollm2_gguf
     files = llama_cpp_files(_smollm2_gguf(), ("bf16", "file"))
     assert list(files) == ["bf16", "q4_1"] and files["q4_1"] == _smollm2_gguf()
     kinds = Counter((t.tensor_type.name, len(t.shape)) for t in GGUFReader(files["bf16"]).tensors)

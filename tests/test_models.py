@@ -8,11 +8,10 @@ import torch.nn.functional as F
 from flashtree.config import ModelConfig
 from flashtree.engine.block_manager import BlockManager
 from flashtree.engine.model_runner import ModelRunner
+from flashtree.engine.round import pack_trees
 from flashtree.models.layers import dense
 from flashtree.models.loader import load_target
-from flashtree.engine.round import pack_trees
 from flashtree.speculative.tree import DraftTree
-
 from helpers import make_hf_target
 
 # llama3 RoPE: head_dim 32 and theta 1e4 give wavelengths 2*pi*1e4**(2i/32) = 6.3, 11.2, 19.9, 35.3,

@@ -132,9 +132,8 @@ def test_a_wrong_verifier_is_caught_on_ngram_drafts(pair):
 def server(tiny_pair):
     import socket
 
-    from serving import Running
-
     from flashtree.server.app import create_app
+    from serving import Running
     llm = LLM(model=tiny_pair[0], method="ngram", device="cpu", dtype="float32")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -174,8 +173,8 @@ def test_bench_runs_ngram_on_a_target_alone(tiny_pair, tmp_path):
     import io
     import json
 
-    from flashtree.measure.bench import BenchPlan, Config, tree_size
     from flashtree.cli import main
+    from flashtree.measure.bench import BenchPlan, Config, tree_size
     plan = BenchPlan(methods=["ar", "ngram", "ddtree"], budgets=[3], temperatures=[0.0], concurrency=[1])
     assert plan.configs() == [Config("ar"), Config("ngram"), Config("ddtree", 3)]  # registry order
     assert tree_size(Config("ngram"), 8, draft_len=6) == 7
@@ -210,6 +209,7 @@ def test_cli_generate_ngram_without_a_drafter(tiny_pair, capsys):
 def test_ngram_match_equals_a_brute_force_search():
     """The vectorised lookup == trying every n (longest first) and every earlier position (latest first)."""
     import random
+
     from flashtree.speculative.ngram import ngram_match
 
     def brute(t, mx, mn, k):

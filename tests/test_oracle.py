@@ -3,8 +3,8 @@ import numpy as np
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
-from flashtree.speculative.tree import DraftOutput
 from flashtree.models.loader import load_drafter, load_target
+from flashtree.speculative.tree import DraftOutput
 
 
 def test_oracle_drafter_reaches_block_size(tiny_pair):

@@ -144,9 +144,10 @@ def test_chunked_prefill_interleaves_with_running_rounds_and_changes_no_token(mo
 def test_paced_chunks_cost_at_most_the_stall_and_shrink_as_the_context_grows():
     """Beside decoding streams a step's chunks may cost `stall` rounds by the learned time per unit of
     work; a row late in a prompt attends more keys, so the same allowance buys fewer rows there."""
+    from types import SimpleNamespace
+
     from flashtree.engine.prefill_pacing import MIN_ROWS, PrefillPacer, prefill_work
     from flashtree.engine.scheduler import chunks
-    from types import SimpleNamespace
     pacer = PrefillPacer(break_even=500.0, stall=3.0, unit_s=1e-4, round_s=2e-3)  # allowance 6 ms = 60 units
     assert pacer.fits(decoding=False) is None and PrefillPacer(500.0, 3.0).fits(decoding=True) is None
     seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=256)  # what `chunks` reads of a Sequence
@@ -166,9 +167,10 @@ def test_a_paced_prompt_starts_with_small_chunks_and_grows_them_at_most_twofold(
     """The learned time per unit may come from unlike forwards (other methods' prefills, short
     prompts), so a prompt beside decoding streams starts at MIN_ROWS rows and each chunk at most
     doubles the one before, up to what the allowance buys."""
+    from types import SimpleNamespace
+
     from flashtree.engine.prefill_pacing import MIN_ROWS, PrefillPacer
     from flashtree.engine.scheduler import chunks
-    from types import SimpleNamespace
     pacer = PrefillPacer(break_even=500.0, stall=3.0, unit_s=1e-6, round_s=2e-3)  # a cheap guess: 6,000 units
     seq = SimpleNamespace(cache_ids=list(range(5000)), prefilled=0, chunk=0)
     sizes = []

@@ -9,13 +9,13 @@ negative control shows the tolerance is tight enough to see what activation quan
 import numpy as np
 import pytest
 import torch
-from test_cpu_dense import needs_kernel
 
 from flashtree import SamplingParams
 from flashtree.engine.engine import Engine, EngineConfig
 from flashtree.measure.exactness import check_cell, grid, tiny_pair
-from flashtree.models import cpu_dense, quant
+from flashtree.models import cpu_dense, loader, quant
 from flashtree.models.gguf_weights import load_gguf_weights, unpermute_rows
+from test_cpu_dense import needs_kernel
 
 pytestmark = needs_kernel
 TOL = 2e-6  # of the output's scale: float32 accumulation over <= 48 blocks
@@ -187,7 +187,7 @@ def test_gguf_blocks_load_into_the_model(models, tmp_path, arch):
 def _quantized(models, kind):
     import copy
     target = copy.deepcopy(models[0])
-    assert quant.quantize_projections(target, kind) == 7 * target.config.num_hidden_layers + 1  # + the head
+    assert loader.quantize_projections(target, kind) == 7 * target.config.num_hidden_layers + 1  # + the head
     return target.fuse(), models[1]
 
 
@@ -222,7 +222,7 @@ def test_sampled_speculation_matches_quantized_targets_distribution(kind):
     """The tiny position test on a quantized target: the exact distribution is the quantized
     target's own (same kernel), and sampled ddtree must match it, tau > 1."""
     target, drafter = tiny_pair(vocab=8, seed=0, block_size=3)
-    quant.quantize_projections(target, kind)
+    loader.quantize_projections(target, kind)
     for cell in grid(temperatures=(0.6, 1.0), filters=("top_p",), methods=(("ddtree", 6),)):
         check_cell(target, drafter, [1, 2, 3], cell)
         assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit)
@@ -235,7 +235,7 @@ def test_sampled_check_catches_the_float_targets_distribution():
     import copy
     floats, drafter = tiny_pair(vocab=8, seed=0, block_size=3)
     target = copy.deepcopy(floats)
-    quant.quantize_projections(target, "q8_0")
+    loader.quantize_projections(target, "q8_0")
     cell = grid(temperatures=(1.0,), filters=("top_p",), methods=(("ddtree", 6),))[0]
     check_cell(target, drafter, [1, 2, 3], cell, exact_of=floats)
     assert not cell.passed and cell.mean_accept_length > 1.2, (cell.p_value, cell.tv, cell.tv_limit)

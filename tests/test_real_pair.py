@@ -13,7 +13,11 @@ from __future__ import annotations
 import pytest
 
 from flashtree import LLM, SamplingParams
-from flashtree.measure.exactness import compare_with_plain, position_check, wrong_temperature
+from flashtree.measure.exactness import (
+    compare_with_plain,
+    position_check,
+    wrong_temperature,
+)
 from flashtree.models.registry import MODELS
 
 REAL = MODELS["smollm2-135m-instruct"]

@@ -21,9 +21,9 @@ import pytest
 
 from flashtree import LLM, SamplingParams
 from flashtree.engine.engine import EngineFailure, RequestError
+from flashtree.engine.round import verify_round
 from flashtree.server.app import create_app
 from flashtree.server.limits import ServerLimits
-from flashtree.engine.round import verify_round
 from flashtree.tokenizer import Tokenizer
 from helpers import make_drafter, make_hf_target, write_tokenizer
 from serving import Running, free_port, metric, server_up, wait_for
@@ -349,6 +349,7 @@ def test_a_submission_racing_the_engine_death_is_refused_not_orphaned(pair):
     """A request that passed the app's liveness check while the loop was dying must still get an
     answer: whatever is in the inbox, or arrives after, is refused with EngineStopped."""
     import asyncio
+
     from flashtree.server.async_engine import AsyncEngine, EngineStopped, Submission
     from flashtree.server.metrics import ServerMetrics
     llm = LLM(model=pair[0], draft=pair[1], method="ar", max_batch_size=1)

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from flashtree.sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host, sample_tensors
 from flashtree.models import cpu_dense
+from flashtree.sampling import (
+    FilterPlan,
+    Uniforms,
+    argmax_rows,
+    logits_to_probs,
+    sample,
+    sample_host,
+    sample_tensors,
+)
 from flashtree.sampling_params import SamplingParams
 
 

@@ -71,7 +71,7 @@ def test_pending_context_written_flat_drafts_as_padded_does(models):
                                                    prefill_stall=None))
         eng.drafts.flat_context_waste = waste
         drafts = []
-        eng.drafts.source = lambda seqs: drafts.append(eng.drafts.run(seqs)) or drafts[-1]  # (the drafts seam)
+        eng.drafts.source = lambda seqs, eng=eng, drafts=drafts: drafts.append(eng.drafts.run(seqs)) or drafts[-1]  # (the drafts seam)
         seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)) for p in ps]
         while eng.has_work():
             eng.step()

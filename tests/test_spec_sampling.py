@@ -17,11 +17,20 @@ mean-tau guard).
 from dataclasses import replace
 
 import pytest
-from helpers import pin
 
 from flashtree import SamplingParams
-from flashtree.measure.exactness import (NEGATIVE_CONTROLS, P_MIN, Cell, check_cell, compare_with_plain,
-                                 exact_distribution, grid, tiny_pair, total_variation)
+from flashtree.measure.exactness import (
+    NEGATIVE_CONTROLS,
+    P_MIN,
+    Cell,
+    check_cell,
+    compare_with_plain,
+    exact_distribution,
+    grid,
+    tiny_pair,
+    total_variation,
+)
+from helpers import pin
 
 PROMPT = [1, 2, 3]
 

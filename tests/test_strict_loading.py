@@ -10,7 +10,6 @@ from safetensors.torch import load_file, save_file
 from flashtree import LLM, SamplingParams
 from flashtree.config import ConfigError
 from flashtree.models.loader import load_drafter, load_target
-
 from helpers import make_hf_target
 
 

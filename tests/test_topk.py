@@ -9,7 +9,8 @@ import socket
 import httpx
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashtree import LLM, SamplingParams
 from flashtree.cli import main

@@ -15,10 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-import torch
 import torch.distributed as dist
 
 from flashtree import LLM, SamplingParams

@@ -3,8 +3,8 @@ writes a z-lab drafter that flashtree loads, stays lossless, and has learned the
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from flashtree import LLM, SamplingParams
 from flashtree.cli import main
@@ -185,7 +185,12 @@ def test_walk_anchors_open_where_the_next_round_would(trained):
     `chain_taus` (its own one-row forward, independent of the training batch's layout), and keeps it
     inside the response; a short run with half its anchors walked trains."""
     from flashtree.models.loader import load_drafter, load_target
-    from flashtree.train.drafter import DrafterRecipe, chain_taus, usable, walk_successors
+    from flashtree.train.drafter import (
+        DrafterRecipe,
+        chain_taus,
+        usable,
+        walk_successors,
+    )
     target_dir, out, work = trained
     target = load_target(target_dir, dtype="float32", device="cpu")
     drafter = load_drafter(out, target).float().eval()
@@ -321,7 +326,12 @@ def test_soft_labels_read_the_distribution_that_predicts_each_slot():
     """Slot k of a block at anchor a is token a+k, which the target's hidden state at a+k-1
     predicts: `soft_labels` reads the teacher there; with a one-hot teacher on the row's own tokens
     `slot_losses` is the hard cross-entropy, and with a spread teacher it is not."""
-    from flashtree.train.drafter import DrafterRecipe, block_batch, slot_losses, soft_labels
+    from flashtree.train.drafter import (
+        DrafterRecipe,
+        block_batch,
+        slot_losses,
+        soft_labels,
+    )
     rows = [{"ids": list(range(10, 30)), "prompt_len": 3}, {"ids": list(range(40, 56)), "prompt_len": 2}]
     recipe = DrafterRecipe(block_size=4, anchors=2)
     anchors = torch.tensor([[2, 9], [5, 11]])

@@ -2,7 +2,8 @@
 import itertools
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashtree.speculative.tree import DraftTree, build_ddtree, chain_tree
 from flashtree.speculative.verify import verify_tree
@@ -89,6 +90,7 @@ def test_verify_walk_follows_matching_children_and_stops_at_first_miss():
 def test_verify_walk_matches_a_host_walk_on_random_trees():
     """The loop-free walk (no unmatched node on the root path) == walking child by child."""
     import random
+
     from flashtree.engine.round import pack_trees
     rng = random.Random(0)
     for _ in range(300):
@@ -127,6 +129,7 @@ def test_a_plain_round_packs_and_verifies_as_the_general_rule_does():
     """Root-only trees (plain rounds) take a shortcut in pack_trees, scatter and verify_tree: the
     same arrays and the same walk as the general path, which a wider tree in the batch forces."""
     import torch
+
     from flashtree.engine.round import pack_trees
     roots = [DraftTree([t], [-1], [0], [0.0]) for t in (3, 9, 4)]
     lengths = [5, 11, 7]
@@ -143,7 +146,7 @@ def test_a_plain_round_packs_and_verifies_as_the_general_rule_does():
     draws = plain.scatter(torch.tensor([7, 1, 5]))
     assert draws.dtype == np.int64 and draws.tolist() == [[7], [1], [5]]
     out = verify_tree(plain.tokens, plain.parents, plain.depths, plain.valid, draws, plain.vis)
-    pad = lambda a: np.concatenate([a, np.zeros_like(a)], axis=1)  # noqa: E731 -- one invalid padding node
+    pad = lambda a: np.concatenate([a, np.zeros_like(a)], axis=1)
     vis2 = np.zeros((3, 2, 2), dtype=bool)
     vis2[:, 0, 0] = vis2[:, 1, 1] = True
     ref = verify_tree(pad(plain.tokens), pad(plain.parents), pad(plain.depths), pad(plain.valid), pad(draws), vis2)

@@ -71,6 +71,7 @@ def _torchrun_worker(args) -> bool:
     """Under torchrun, ranks > 0 run the target's shard for rank 0 instead of the command (no port,
     no output). True when this process was such a rank (and has finished)."""
     import os
+
     from .distributed import tp
     if not tp.under_torchrun() or int(os.environ["RANK"]) == 0:
         return False

@@ -105,7 +105,7 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "<config>") -> "ModelConfig":
+    def from_dict(cls, raw: dict, source: str = "<config>") -> ModelConfig:
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"{source}: field 'model_type' is '{model_type}'; supported: "
@@ -139,7 +139,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
+    def from_dir(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         if not path.is_dir():
             raise ConfigError(f"{path}: model directory not found")
@@ -181,7 +181,7 @@ class DrafterConfig:
             raise ConfigError(f"{self.source}: field 'dflash_config.target_layer_ids' is empty")
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "<config>") -> "DrafterConfig":
+    def from_dict(cls, raw: dict, source: str = "<config>") -> DrafterConfig:
         archs = raw.get("architectures") or []
         if "DFlashDraftModel" not in archs:
             raise ConfigError(f"{source}: field 'architectures' is {archs}; a DFlash drafter needs "
@@ -204,7 +204,7 @@ class DrafterConfig:
                    num_target_layers=raw.get("num_target_layers"), source=source)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "DrafterConfig":
+    def from_dir(cls, path: str | Path) -> DrafterConfig:
         path = Path(path)
         if not path.is_dir():
             raise ConfigError(f"{path}: drafter directory not found")

@@ -202,7 +202,7 @@ class ThreadGovernor:
         apply(most)
 
     @classmethod
-    def for_this_machine(cls, most: int, apply, follow: bool) -> "ThreadGovernor":
+    def for_this_machine(cls, most: int, apply, follow: bool) -> ThreadGovernor:
         """`most` threads, following the free cores when `follow` (and there is more than one)."""
         return cls(most, apply, FreeCores(most) if follow and most > 1 else None)
 

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from . import cpu
 from .engine import compile_helper
 from .engine.engine import Engine

@@ -46,7 +46,7 @@ class FilterPlan:
 
     @staticmethod
     def of(temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float],
-           vocab: int) -> "FilterPlan":
+           vocab: int) -> FilterPlan:
         """Plan for rows with these parameters (greedy rows need no filtering)."""
         width, any_min_p = 0, False
         for t, k, p, m in zip(temperature, top_k, top_p, min_p):

@@ -19,9 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..engine.engine_config import DEFAULT_MAX_BATCH_SIZE
-from ..speculative.proposer import METHODS, needs_drafter
 from ..errors import UserError
-from .generate import add_model_arguments, add_sampling_arguments, load_llm, sampling_params
+from ..speculative.proposer import METHODS, needs_drafter
+from .generate import (
+    add_model_arguments,
+    add_sampling_arguments,
+    load_llm,
+    sampling_params,
+)
 
 DEFAULT_BUDGETS = [4, 8, 16, 32, "auto"]
 
@@ -154,6 +159,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from ..measure import bench as bm
+    from ..measure import bench_report
     from ..measure import peers as pe
     from ..models.registry import resolve
     from ..train.corpus import PROMPTS_FILE, load_prompts
@@ -221,9 +227,9 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    pngs = bm.write_plots(report, out)
-    (out / "report.md").write_text(bm.markdown(report, pngs))
-    print(bm.table(report))
+    pngs = bench_report.write_plots(report, out)
+    (out / "report.md").write_text(bench_report.markdown(report, pngs))
+    print(bench_report.table(report))
     print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, " + ", ".join(str(p) for p in pngs))
     bad = bm.inexact(report)
     if bad:

@@ -71,8 +71,14 @@ def kv_cache(pair: dict, options: dict, dtype: str = "float32") -> dict:
     dtype "auto" picks it): capacity in tokens, pages, bytes (target + drafter context + kept drafter
     features), and what one sequence may need."""
     import torch
-    from ..engine.engine_config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, available_memory,
-                                        kv_bytes_per_token, kv_cache_plan)
+
+    from ..engine.engine_config import (
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        EngineConfig,
+        available_memory,
+        kv_bytes_per_token,
+        kv_cache_plan,
+    )
     t, d = pair["target"], pair["drafter"]
     if t["error"]:
         return {"error": t["error"]}
@@ -131,8 +137,8 @@ def platform_info() -> dict:
     import torch
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                   if l.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"system": platform.platform(), "cpu": cpu, "torch_threads": torch.get_num_threads(),
@@ -143,6 +149,7 @@ def platform_info() -> dict:
 def device_info(device: str = "auto") -> dict:
     """The device 'auto' (or `device`) resolves to, and which dtypes run there and run fast."""
     import torch
+
     from ..models.loader import resolve_device
     cuda = torch.cuda.is_available()
     info = {"cuda_available": cuda, "cuda_devices": [], "mps_available": bool(
@@ -212,6 +219,7 @@ def engine_compile_option(device: str = "cpu") -> dict:
         return {"compile_option": False,
                 "note": "LLM() has no compile option in this build: every forward runs eager PyTorch"}
     import torch
+
     from ..engine import aot_graphs
     auto = resolve_compile("auto", torch.device(device))
     compiled = (f"AOTInductor packages, one per shape bucket, compiled once and cached in {aot_graphs.cache_dir()}"
@@ -228,6 +236,7 @@ def cpu_projection_kernel(device: str) -> dict:
         return {"used": False, "why": f"only float32 on the CPU; {device} runs F.linear"}
     import torch
     import torch.nn.functional as F
+
     from ..models import cpu_dense
     if not cpu_dense.available():
         return {"used": False, "why": cpu_dense.why_unavailable()}
@@ -236,7 +245,7 @@ def cpu_projection_kernel(device: str) -> dict:
     if not ok:
         return {"used": False, "why": "built, but its result disagreed with F.linear: not used by this report's check"}
     bf16 = cpu_dense.bf16_path()
-    return {"used": True, "why": "float32 projections of up to %d rows (AVX2/FMA)" % cpu_dense.MAX_ROWS
+    return {"used": True, "why": f"float32 projections of up to {cpu_dense.MAX_ROWS} rows (AVX2/FMA)"
             + (f"; bfloat16 ones on {bf16}" if bf16 else "")}
 
 
@@ -387,6 +396,7 @@ def model_pair(model: str | None, draft: str | None) -> dict:
 def _params(path: Path) -> tuple[int, str | None]:
     """Parameter count and dtype from safetensors headers (no tensor is read)."""
     from safetensors import safe_open
+
     from ..models.loader import weight_files
     total, dtype = 0, None
     for f in weight_files(path):

@@ -6,8 +6,8 @@ import json
 import sys
 
 from ..engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE
-from ..speculative.proposer import METHODS, proposer_class, takers
 from ..errors import UserError
+from ..speculative.proposer import METHODS, proposer_class, takers
 
 
 def budget_arg(text: str) -> int | str:

@@ -8,8 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .generate import (add_model_arguments, add_prompt_arguments, add_sampling_arguments, load_llm,
-                       resolve_prompt, sampling_params)
+from .generate import (
+    add_model_arguments,
+    add_prompt_arguments,
+    add_sampling_arguments,
+    load_llm,
+    resolve_prompt,
+    sampling_params,
+)
 
 
 def add_arguments(p) -> None:

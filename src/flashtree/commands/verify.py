@@ -51,7 +51,14 @@ def _row(cell) -> dict:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from ..measure.exactness import FILTERS, NEGATIVE_CONTROLS, Cell, check_cell, grid, tiny_pair
+    from ..measure.exactness import (
+        FILTERS,
+        NEGATIVE_CONTROLS,
+        Cell,
+        check_cell,
+        grid,
+        tiny_pair,
+    )
     from ..sampling_params import SamplingParams
     temps = tuple(float(t) for t in args.temperatures.split(","))
     filters = tuple(f.strip() for f in args.filters.split(","))

@@ -7,7 +7,7 @@ of the graphs it has to compile (`split`) to a helper: a fresh interpreter that 
 a fork, whose torch thread pools would not survive, nor a multiprocessing spawn, which re-runs the
 user's `__main__` script when it has no main guard) that loads the same weights in the same dtype,
 builds an engine with the same config and so the same graph keys, compiles its buckets into the
-package cache and exits. The loading process then loads them from the cache. A helper that fails
+package cache and exits (`compile_worker.py`: that process's side). The loading process then loads them from the cache. A helper that fails
 costs nothing but time: whatever it left uncompiled, the loading process compiles itself.
 
 A load may also leave graphs to a helper outright (`LLM(precompile="background")`, a server's
@@ -81,7 +81,7 @@ class Helper:
         package_root = str(Path(__file__).resolve().parents[2])  # where `flashtree` imports from here
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        entry = "from flashtree.engine.compile_helper import main; main()"
+        entry = "from flashtree.engine.compile_worker import main; main()"
         self.process = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, env=env)
         try:
@@ -122,27 +122,30 @@ def start(rebuild: Rebuild, nice: int = 0):
     def begin(buckets: list[Bucket]) -> Helper | None:
         try:
             return Helper(rebuild, buckets, nice)
-        except Exception:  # noqa: BLE001 -- no helper (no interpreter to start, say): compile here
+        except Exception:
             log.warning("no compile helper could start; every graph compiles in this process", exc_info=True)
             return None
     return begin
 
 
-def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
-    """The helper's whole life: the same weights, the same engine, these buckets compiled."""
-    import torch
-
-    from ..models.loader import load_drafter, load_target
-    from .engine import Engine
-    torch.set_num_threads(rebuild.threads)
-    target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu", quant=rebuild.quant).fuse()
-    drafter = load_drafter(rebuild.draft, target).fuse() if rebuild.draft else None
-    Engine(target, drafter, rebuild.config).runner.warmup(buckets)
-
-
-def main() -> None:
-    """The helper process's entry point: a pickled (Rebuild, buckets, niceness) on stdin."""
-    rebuild, buckets, nice = pickle.loads(sys.stdin.buffer.read())
-    if nice:
-        os.nice(nice)
-    _compile(rebuild, buckets)
+def compile_buckets(runner, buckets: list[Bucket], progress: bool, helper) -> None:
+    """Compile (or load) `buckets` on the model runner, about half in a helper process where
+    `helper` (a `start` starter) starts one."""
+    mine, theirs = buckets, []
+    if helper is not None and runner.aot:  # only AOT packages are shared through the disk
+        mine, theirs = split(runner.uncached(buckets))
+    running = helper(theirs) if theirs else None
+    try:
+        secs = runner.warmup(mine if running is not None else mine + theirs, progress)
+    except BaseException:  # a failed or interrupted load leaves no helper compiling behind it
+        if running is not None:
+            running.stop()
+        raise
+    if running is not None:
+        if progress and not running.done():
+            print(f"waiting for the compile helper's {len(theirs)} graph(s) ...", file=sys.stderr, flush=True)
+        running.wait()
+        secs += runner.warmup(theirs, progress)
+    log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
+             ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
+             secs, f" ({len(theirs)} in a helper process)" if running is not None else "")

@@ -87,7 +87,7 @@ class CostSeeder:
                     self._record(self.plan.popleft())
             except RankLost:
                 raise
-            except Exception:  # noqa: BLE001 -- seeding only speeds auto's start: rounds measure the rest
+            except Exception:
                 log.exception("timing forwards for budget auto's cost table failed; its costs come from rounds")
                 self.plan.clear()
                 return
@@ -112,7 +112,7 @@ class CostSeeder:
                 if probe.kind == "verify":
                     vin = pack_trees([chain_tree(0, [0] * (probe.tokens - 1)) for _ in slots], [ctx] * len(slots),
                                      eng.device)
-                    call = lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths,  # noqa: E731
+                    call = lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths,
                                                          vin.mask, vin.nodes)
                 else:
                     builder = eng.proposers["ddtree"]

@@ -12,81 +12,62 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .. import cpu
-from ..errors import EngineFailure, QueueFullError, RequestError, UserError  # noqa: F401 (re-exported)
+from ..errors import EngineFailure, QueueFullError, RequestError, UserError
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
-from ..sampling import FilterPlan, Uniforms, argmax_rows, logits_to_probs, sample, sample_host
+from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice
 from ..speculative.dflash import DFlashDrafts
-from ..speculative.limits import AUTO, RequestLimits
-from ..speculative.proposer import METHODS, OPTION_MEANING, Proposer, ProposerContext, proposer_class, takers
+from ..speculative.limits import RequestLimits
+from ..speculative.proposer import (
+    METHODS,
+    OPTION_MEANING,
+    Proposer,
+    ProposerContext,
+    check_method,
+    proposer_class,
+    refuse_options,
+)
 from ..speculative.tree import DraftTree, root_only
-from ..speculative.verify import VerifyOutput
 from . import compile_helper
 from .block_manager import BlockManager
-from .engine_config import (DEFAULT_BUDGET, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, available_memory,
-                            kv_bytes_per_token, kv_cache_plan)
 from .cost_seeding import CostSeeder
+from .engine_config import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    EngineConfig,
+    available_memory,
+    kv_bytes_per_token,
+    kv_cache_plan,
+)
 from .model_runner import ModelRunner, RankLost
-from .round import EngineStats, RoundRecord, RoundTimes, Verifier, VerifyInput, pack_trees, verify_round
 from .prefill_pacing import PrefillPacer, break_even_context
+from .round import (
+    EngineStats,
+    RoundOutput,
+    RoundRecord,
+    RoundTimes,
+    StepEvent,
+    Verifier,
+    VerifyInput,
+    beyond_blocks,
+    pack_prefill,
+    pack_trees,
+    verify_round,
+)
+from .sampler import Sampler
 from .scheduler import Scheduler
 from .sequence import Sequence
 
 log = logging.getLogger("flashtree.engine")
-
-def beyond_blocks(seqs: list[Sequence], rows) -> int:
-    """The context rows a drafter pass catches up on: what each sequence feeds it (rows(s)) beyond
-    a block's worth — a steady drafting round feeds at most its accepted path."""
-    return sum(max(rows(s) - s.block_size, 0) for s in seqs)
-
-
-def all_greedy(seqs: list[Sequence]) -> bool:
-    """Every sequence decodes greedily (no seeded uniforms): the sampling pipeline is the argmax."""
-    return all(s.uniforms is None for s in seqs)
-
-
-@dataclass(slots=True)
-class RoundOutput:
-    """Everything of a round before its commit (`Engine._round`)."""
-    trees: list[DraftTree]          # as verified (auto sequences: cut to the round's chosen size)
-    vin: VerifyInput
-    vout: VerifyOutput
-    choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
-    drafted: int                    # sequences with a draft, any method's (0: no proposer has anything to learn)
-    passed: int                     # sequences the drafter pass ran for (what it cost counts: fit, the cost table)
-    caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
-                                    # prompt, or what it decoded plainly since it last drafted): 0 = a steady pass
-
-
-@dataclass(slots=True)
-class StepEvent:
-    seq: Sequence
-    new_ids: list[int]   # tokens emitted by this step (after stop truncation)
-
-
-def _refuse_options(method: str, **given) -> None:
-    """An option the method does not take would be ignored, so it is refused instead."""
-    cls = proposer_class(method)
-    for name, value in given.items():
-        if value is None or name in cls.options:
-            continue
-        ok = takers(name)
-        which = f"method '{ok[0]}'" if len(ok) == 1 else "methods " + ", ".join(f"'{m}'" for m in ok)
-        raise RequestError(f"{name} applies to {which} only ({OPTION_MEANING[name]}); method '{method}' "
-                           f"{cls.drafts}, so {name}={value!r} would be ignored: drop it or use method='{ok[0]}'",
-                           "speculative")
-
 
 class Engine:
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, config: EngineConfig,
@@ -107,8 +88,8 @@ class Engine:
             self.drafter_block_size = dc.block_size
         else:
             self.feature_layers, self.drafter_block_size = None, 0
-        method = self._check_method(config.method)
-        _refuse_options(config.method, budget=config.budget, topk=config.topk)
+        method = check_method(config.method, drafter is not None)
+        refuse_options(config.method, budget=config.budget, topk=config.topk)
         self.limits = RequestLimits.build(
             drafter_block_size=self.drafter_block_size, block_size=config.block_size, max_budget=config.max_budget,
             auto_budget=min(config.auto_max_budget, config.max_budget),  # an auto tree's most nodes
@@ -149,6 +130,7 @@ class Engine:
         self.proposers: dict[str, Proposer] = {
             m: proposer_class(m)(given) for m in METHODS if drafter is not None or not proposer_class(m).needs_drafter}
         self._next_id = 0
+        self.sampler = Sampler(self.device)
         self.verifier: Verifier = verify_round  # the round's verify (a test's wrong one must be caught)
         self.timings = RoundTimes()      # seconds per phase, accumulated over all steps
         self.round_times = RoundTimes()  # seconds per phase in the latest step
@@ -174,7 +156,7 @@ class Engine:
         self.batch_graphs_built = batched or not self.runner.aot
         batch = self.config.max_batch_size if self.batch_graphs_built else 1
         buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
-        self._compile(buckets, progress, helper)
+        compile_helper.compile_buckets(self.runner, buckets, progress, helper)
         if background is None or self.batch_graphs_built or self.config.max_batch_size == 1:
             return
         rest = [b for b in self.runner.buckets(self.config.max_batch_size, tokens, lim.default_block_size)
@@ -185,29 +167,8 @@ class Engine:
             self.runner.defer(running)
             log.info("batches run eager until the helper has compiled their %d graphs", len(missing))
         else:
-            self._compile(missing, progress, None)
+            compile_helper.compile_buckets(self.runner, missing, progress, None)
             self.batch_graphs_built = True
-
-    def _compile(self, buckets: list, progress: bool, helper) -> None:
-        """Compile (or load) `buckets`, about half in a helper process where `helper` starts one."""
-        mine, theirs = buckets, []
-        if helper is not None and self.runner.aot:  # only AOT packages are shared through the disk
-            mine, theirs = compile_helper.split(self.runner.uncached(buckets))
-        running = helper(theirs) if theirs else None
-        try:
-            secs = self.runner.warmup(mine if running is not None else mine + theirs, progress)
-        except BaseException:  # a failed or interrupted load leaves no helper compiling behind it
-            if running is not None:
-                running.stop()
-            raise
-        if running is not None:
-            if progress and not running.done():
-                print(f"waiting for the compile helper's {len(theirs)} graph(s) ...", file=sys.stderr, flush=True)
-            running.wait()
-            secs += self.runner.warmup(theirs, progress)
-        log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
-                 ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
-                 secs, f" ({len(theirs)} in a helper process)" if running is not None else "")
 
     @property
     def waiting(self) -> deque[Sequence]:
@@ -222,27 +183,16 @@ class Engine:
         return max(s.budget + 1, s.block_size)
 
     # ---------------------------------------------------------------- requests
-    def _check_method(self, method: str) -> type[Proposer]:
-        if method not in METHODS:
-            raise RequestError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}",
-                               "speculative")
-        cls = proposer_class(method)
-        if cls.needs_drafter and self.drafter is None:
-            free = ", ".join(f"'{m}'" for m in METHODS if not proposer_class(m).needs_drafter)
-            raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use "
-                               f"one of {free}", "speculative")
-        return cls
-
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                     budget: int | str | None = None, block_size: int | None = None,
                     topk: int | None = None, **options) -> Sequence:
         """options: method-specific settings (e.g. ngram's max_ngram, min_ngram, draft_len)."""
         method = method or self.config.method
-        self._check_method(method)
+        check_method(method, self.drafter is not None)
         unknown = sorted(set(options) - set(OPTION_MEANING))
         if unknown:
             raise RequestError(f"unknown speculative option(s) {', '.join(unknown)}", "speculative")
-        _refuse_options(method, budget=budget, topk=topk, block_size=block_size, **options)
+        refuse_options(method, budget=budget, topk=topk, block_size=block_size, **options)
         if not prompt_ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
         V = self.target.config.vocab_size
@@ -362,7 +312,7 @@ class Engine:
                                    f"cache rows reserved for its round")
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits = self._timed("verify_forward", self._forward, batch, vin)
-        vout = self._timed("verify_walk", self._verify, batch, vin, logits)
+        vout = self._timed("verify_walk", self.verifier, batch, vin, logits, self.sampler.draws)
         return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up)
 
     def _depths(self, batch: list[Sequence]) -> list[int]:
@@ -374,7 +324,7 @@ class Engine:
             return self._auto_depths(batch, limits)
         except RankLost as e:
             raise EngineFailure(str(e)) from e
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("budget auto's plain-or-draft verdict failed; this round drafts to each limit")
             return limits
 
@@ -431,7 +381,7 @@ class Engine:
             return [(seqs, fn(seqs))]
         except RankLost as e:  # not a request's fault: the engine cannot go on
             raise EngineFailure(str(e)) from e
-        except Exception as e:  # noqa: BLE001 -- isolate, then judge below
+        except Exception as e:
             if len(seqs) == 1:
                 self._fail(seqs[0], e)
                 return []
@@ -441,7 +391,7 @@ class Engine:
                 out.append(([s], fn([s])))
             except RankLost as e:
                 raise EngineFailure(str(e)) from e
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._fail(s, e)
         return out
 
@@ -475,30 +425,12 @@ class Engine:
         one coming back: its last token is already drawn). Returns each sequence's drawn token or
         None; touches no sequence state (the forward's K/V rows are the same on a rerun), so it
         can be rerun per sequence (see _isolated)."""
-        dev = self.device
-        chunks = [s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs]
-        B, T = len(seqs), max(len(c) for c in chunks)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, c in enumerate(chunks):
-            ids[b, :len(c)] = torch.tensor(c)
-        ids = ids.to(dev)
-        start = torch.tensor([s.prefilled for s in seqs], device=dev)    # [B] rows already cached
-        n = torch.tensor([len(c) for c in chunks], device=dev)
-        t = torch.arange(T, device=dev)
-        pos = start[:, None] + t                                           # [B, T]
-        # causal among the chunk's own tokens; padding sees only itself (no all-masked row)
-        vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
-        vis |= torch.eye(T, dtype=torch.bool, device=dev)                 # [B, T, T]
-        last = torch.arange(B, device=dev) * T + n - 1                    # [B] flat index of each chunk's last token
+        ids, pos, start, vis, last = pack_prefill([s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs],
+                                                  [s.prefilled for s in seqs], self.device)
         logits = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
         fresh = [b for b, s in enumerate(seqs) if s.prefilled + s.chunk == len(s.cache_ids) and not s.output_ids]
-        if not fresh:
-            return [None] * B
-        zero = torch.zeros(len(fresh), dtype=torch.long, device=dev)  # each draws its output position 0
-        first = self._sample([seqs[b] for b in fresh], logits[fresh], [(i, i + 1) for i in range(len(fresh))],
-                             zero, [0] * len(fresh))
-        firsts: list[int | None] = [None] * B
-        for b, tok in zip(fresh, first.tolist()):
+        firsts: list[int | None] = [None] * len(seqs)
+        for b, tok in zip(fresh, self.sampler.first([seqs[b] for b in fresh], logits[fresh]) if fresh else []):
             firsts[b] = tok
         return firsts
 
@@ -515,7 +447,7 @@ class Engine:
                 self.proposers[s.method].on_prefill(s, s.chunk)
                 self.blocks.commit(s.slot, s.cache_ids, s.length)  # name its full pages (prefix cache)
                 kept.append(s)
-            except Exception as e:  # noqa: BLE001 -- its own: the others' prefill stands
+            except Exception as e:
                 self._fail(s, e)
         if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
             self._isolated(lambda part: self._write_drafter_context([(s, s.length - s.chunk, s.length) for s in part]),
@@ -526,7 +458,7 @@ class Engine:
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             try:
                 self._emit(s, [tok])
-            except Exception as e:  # noqa: BLE001 -- its own (its stop strings' decode, say)
+            except Exception as e:
                 self._fail(s, e)
 
     def _keeps_drafter_context(self, s: Sequence) -> bool:
@@ -581,51 +513,6 @@ class Engine:
         self.stats.seqs_in_forwards += len(batch)
         return logits
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
-                depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:
-        """Draw from the sampling pipeline; rows spans[i] belong to seqs[i]. Row r is drawn with
-        the u of output position len(output_ids) + depths[r] (depths [R] on the device;
-        deepest[i]: seqs[i]'s largest), so a token's draw never depends on the round's shape."""
-        if all_greedy(seqs):
-            return argmax_rows(logits)  # the pipeline is the argmax
-        ps = [s.params for s in seqs]
-        temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                                         [p.min_p for p in ps])
-        if logits.device.type == "cpu":  # the same rule on host arrays, in one kernel call where it is built
-            reps = [hi - lo for lo, hi in spans]
-            rows = np.asarray(depths)
-            u = np.zeros(len(rows))
-            for s, (lo, hi), deep in zip(seqs, spans, deepest):
-                if s.uniforms is not None:
-                    u[lo:hi] = s.uniforms.at_host(len(s.output_ids) + rows[lo:hi], len(s.output_ids) + deep + 1)
-            per_row = (lambda v, dt: np.full(reps[0], v[0], dt)) if len(seqs) == 1 else \
-                      (lambda v, dt: np.repeat(np.asarray(v, dt), reps))
-            return torch.from_numpy(sample_host(
-                logits.float().numpy(), per_row(temps, np.float32), per_row(top_ks, np.int64),
-                per_row(top_ps, np.float32), per_row(min_ps, np.float32), u))
-        reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
-
-        def per_row(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
-
-        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
-        probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
-                                per_row(top_ps, torch.float32), per_row(min_ps, torch.float32), plan)
-        us = [None if s.uniforms is None else
-              s.uniforms.at(len(s.output_ids) + depths[lo:hi], len(s.output_ids) + deep + 1)
-              for s, (lo, hi), deep in zip(seqs, spans, deepest)]
-        return sample(probs, spans, us)
-
-    def _draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
-        """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
-        copy of its verify results)."""
-        if all_greedy(batch):  # the argmax needs no row depths or spans
-            return vin.scatter(argmax_rows(logits))
-        return vin.scatter(self._sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
-
-    def _verify(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> VerifyOutput:
-        return self.verifier(batch, vin, logits, self._draws)
-
     def _commit(self, batch, out: RoundOutput) -> None:
         """Commit the round: each sequence's accepted path (`_commit_path`), one verdict for auto's
         drafting, the accepted K/V rows moved onto their final positions, the pages settled. A
@@ -643,7 +530,7 @@ class Engine:
             start, choice = s.length, out.choices[b]
             try:
                 judged = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0)
-            except Exception as e:  # noqa: BLE001 -- its own; an engine bug fails them all (max_consecutive_failures)
+            except Exception as e:
                 self._fail(s, e)
                 continue
             self.consecutive_failures = 0
@@ -689,24 +576,7 @@ class Engine:
 
     # ---------------------------------------------------------------- stops and retirement
     def _emit(self, s: Sequence, new: list[int]) -> None:
-        """Append committed tokens, applying stop ids, max_tokens and stop strings."""
-        p, before = s.params, len(s.output_ids)
-        for tok in new:
-            s.output_ids.append(tok)
-            if tok in s.stop_ids:
-                s.finish_reason = "stop"
-                break
-            if len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= self.max_model_len:
-                s.finish_reason = "length"  # max_tokens, or the context is full
-                break
-        if p.stop:
-            text = self.decode(s.output_ids)
-            hits = [i for i in (text.find(x) for x in p.stop) if i >= 0]
-            if hits:
-                s.text_end = min(hits)
-                s.finish_reason = "stop"
-        s.metrics.completion_tokens = len(s.output_ids)
-        self.stats.generated_tokens += len(s.output_ids) - before
+        self.stats.generated_tokens += s.append(new, self.max_model_len, self.decode)
 
     def _release(self, s: Sequence) -> None:
         if self.drafts is not None and s.slot >= 0 and s.finish_reason != "error":

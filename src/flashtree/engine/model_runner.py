@@ -45,15 +45,15 @@ import torch
 
 from .. import switches
 from ..errors import UserError
+from ..models import cpu_dense
+from ..models.drafter import DFlashDrafter
+from ..models.layers import Linear, pack_projections
+from ..models.quant import QuantLinear
+from ..models.target import TargetModel
 from . import aot_graphs
 from .aot_graphs import AOTGraphs, NotCached
 from .block_manager import BlockManager
 from .kv_cache import FeatureCache, KVCache, write_features, write_rows
-from ..models.drafter import DFlashDrafter
-from ..models import cpu_dense
-from ..models.layers import Linear, pack_projections
-from ..models.quant import QuantLinear
-from ..models.target import TargetModel
 
 log = logging.getLogger("flashtree.engine")
 

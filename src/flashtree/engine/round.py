@@ -1,9 +1,10 @@
-"""The data passed between the phases of a round, and packing trees into one target forward.
+"""The data passed between the phases of a round, and packing trees (or prompt chunks: `pack_prefill`)
+into one target forward.
 
 draft -> `DraftOutput` (per-depth top-K drafts on the host) -> trees (`speculative/tree.py`) ->
 `VerifyInput` (flat padded arrays + ancestor visibility, on the host for the walk and on the device
 for the forward) -> target forward -> `VerifyOutput` (`speculative/verify.py`, through a
-`Verifier`) -> commit. Also the records the engine keeps of its rounds: phase times (`RoundTimes`),
+`Verifier`) -> commit (`RoundOutput`: all of a round before it) -> `StepEvent`s. Also the records the engine keeps of its rounds: phase times (`RoundTimes`),
 each committed request-round for the trace (`RoundRecord`) and its cumulative counters
 (`EngineStats`). Nothing here runs a model or publishes a metric.
 """
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import torch
 
+from ..speculative.adaptive import Choice
 from ..speculative.tree import DraftTree
 from ..speculative.verify import VerifyOutput, verify_tree
+from .sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -92,6 +95,50 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
 # the phases of a step, in order, as `RoundTimes` names them (seed_costs and budget aside:
 # the auto cost seeding and the budget choice, both rarely more than noise)
 PHASES = ("prefill", "draft", "tree", "pack", "verify_forward", "verify_walk", "commit")
+
+
+def pack_prefill(chunks: list[list[int]], starts: list[int], device):
+    """Prompt chunks (each after its `starts[b]` cached rows) as one target forward: ids [B, T]
+    (padded), positions [B, T], the rows cached before each chunk [B], visibility [B, T, T]
+    (causal among a chunk's own tokens; padding sees only itself, so no row is all masked) and
+    the flat index of each chunk's last token [B] (the rows whose logits are kept)."""
+    B, T = len(chunks), max(len(c) for c in chunks)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    for b, c in enumerate(chunks):
+        ids[b, :len(c)] = torch.tensor(c)
+    start = torch.tensor(starts, device=device)
+    n = torch.tensor([len(c) for c in chunks], device=device)
+    t = torch.arange(T, device=device)
+    vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
+    vis |= torch.eye(T, dtype=torch.bool, device=device)
+    last = torch.arange(B, device=device) * T + n - 1
+    return ids.to(device), start[:, None] + t, start, vis, last
+
+
+def beyond_blocks(seqs: list[Sequence], rows) -> int:
+    """The context rows a drafter pass catches up on: what each sequence feeds it (rows(s)) beyond
+    a block's worth — a steady drafting round feeds at most its accepted path."""
+    return sum(max(rows(s) - s.block_size, 0) for s in seqs)
+
+
+@dataclass(slots=True)
+class RoundOutput:
+    """Everything of a round before its commit (`Engine._round`)."""
+    trees: list[DraftTree]          # as verified (auto sequences: cut to the round's chosen size)
+    vin: VerifyInput
+    vout: VerifyOutput
+    choices: list[Choice | None]    # per sequence: its auto choice (None: a fixed budget)
+    drafted: int                    # sequences with a draft, any method's (0: no proposer has anything to learn)
+    passed: int                     # sequences the drafter pass ran for (what it cost counts: fit, the cost table)
+    caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
+                                    # prompt, or what it decoded plainly since it last drafted): 0 = a steady pass
+
+
+@dataclass(slots=True)
+class StepEvent:
+    seq: Sequence
+    new_ids: list[int]   # tokens emitted by this step (after stop truncation)
+
 
 
 @dataclass(slots=True)

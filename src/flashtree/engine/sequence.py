@@ -82,3 +82,24 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def append(self, new: list[int], max_model_len: int, decode) -> int:
+        """Append committed tokens, stopping at a stop id, max_tokens, the context limit
+        (`max_model_len`) or a stop string (`decode`: ids -> text). Returns how many were appended."""
+        p, before = self.params, len(self.output_ids)
+        for tok in new:
+            self.output_ids.append(tok)
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            if len(self.output_ids) >= p.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= max_model_len:
+                self.finish_reason = "length"  # max_tokens, or the context is full
+                break
+        if p.stop:
+            text = decode(self.output_ids)
+            hits = [i for i in (text.find(x) for x in p.stop) if i >= 0]
+            if hits:
+                self.text_end = min(hits)
+                self.finish_reason = "stop"
+        self.metrics.completion_tokens = len(self.output_ids)
+        return len(self.output_ids) - before

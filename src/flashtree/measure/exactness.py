@@ -24,13 +24,13 @@ import torch
 from ..config import DrafterConfig, ModelConfig
 from ..engine.engine import Engine
 from ..engine.engine_config import AUTO_MAX_BUDGET, EngineConfig
-from ..speculative.tree import DraftOutput
+from ..engine.round import verify_round
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import logits_to_probs
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
-from ..engine.round import verify_round
+from ..speculative.tree import DraftOutput
 from ..speculative.verify import verify_tree
 
 
@@ -152,7 +152,7 @@ def target_drafts(target: TargetModel):
     return patch
 
 
-_TARGET_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TARGET_DRAFTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _target_drafts(target: TargetModel):
@@ -406,7 +406,7 @@ def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens
         raise ValueError(f"max_tokens ({max_tokens}) must be >= n_tokens ({n_tokens})")
     rows = []
     for prompt, T in itertools.product(prompts, temperatures):
-        def counts(method, seed):
+        def counts(method, seed, T=T, prompt=prompt):
             ps = [SamplingParams(temperature=T, top_p=top_p, max_tokens=max_tokens, seed=seed + i, ignore_eos=True)
                   for i in range(n)]
             outs = llm.generate([prompt] * n, ps, use_tqdm=False, method=method,

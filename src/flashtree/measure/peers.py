@@ -20,9 +20,9 @@ from typing import Protocol
 
 import torch
 
-from .bench import Pass
 from ..errors import UserError
 from ..sampling_params import SamplingParams
+from .bench import Pass
 
 ENGINES = ("hf", "llama.cpp")  # the names --peers takes
 LLAMA_CPP_WEIGHTS = ("f32", "bf16", "f16", "file")  # "file": the GGUF as it is (e.g. Q4_1)

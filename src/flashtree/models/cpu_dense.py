@@ -152,8 +152,7 @@ def _load() -> str | None:
             torch.library.register_fake("flashtree::dense")(_dense_shape)
             torch.library.register_fake("flashtree::dense_bf16")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
-            from .quant import qdense_shape
-            torch.library.register_fake("flashtree::qdense")(qdense_shape)
+            torch.library.register_fake("flashtree::qdense")(_qdense_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
             why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -175,6 +174,11 @@ def why_unavailable() -> str | None:
 def _dense_shape(x, weight, packed, bias):
     """Shape of the op's output for torch.compile's tracing: [..., N]."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _qdense_shape(x, qs, d, m, bias):
+    """Shape of qdense's output: [..., N] (qs [N, K] or [N, K/2])."""
+    return x.new_empty((*x.shape[:-1], qs.shape[0]))
 
 
 def _attention_shape(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size, scale):

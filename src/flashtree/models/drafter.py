@@ -12,7 +12,16 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
-from .layers import MLP, Attention, Linear, Paged, RMSNorm, Rotary, page_rows, paged_applies
+from .layers import (
+    MLP,
+    Attention,
+    Linear,
+    Paged,
+    RMSNorm,
+    Rotary,
+    page_rows,
+    paged_applies,
+)
 
 
 class DrafterLayer(nn.Module):
@@ -102,7 +111,7 @@ class DFlashDrafter(nn.Module):
             return self.norm(x), None, None
         return self.norm(x), kc, vc
 
-    def fuse(self) -> "DFlashDrafter":
+    def fuse(self) -> DFlashDrafter:
         """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
         for layer in self.layers:
             layer.self_attn.fuse()

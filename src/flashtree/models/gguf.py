@@ -23,6 +23,7 @@ import torch
 
 from ..config import SUPPORTED_MODEL_TYPES, ConfigError
 from ..switches import cache_root
+from .dtypes import DTYPES
 
 log = logging.getLogger("flashtree.models")
 
@@ -53,7 +54,6 @@ def convert_gguf(src: str | Path, out: str | Path, dtype: str = "float32", weigh
         raise ConfigError(f"{src}: file not found")
     if not is_gguf(src):
         raise ConfigError(f"{src}: not a GGUF file (its first bytes are not 'GGUF')")
-    from .loader import DTYPES
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype '{dtype}' is not supported; use one of {', '.join(DTYPES)}")
     for m in ("transformers", "gguf", "accelerate"):
@@ -215,6 +215,7 @@ def weight_type(path: str | Path) -> str:
     `general.file_type`; without one, the type most of its tensors have)."""
     _need("gguf")
     from collections import Counter
+
     from gguf import GGUFReader, LlamaFileType
     reader = GGUFReader(path)
     field = reader.fields.get("general.file_type")

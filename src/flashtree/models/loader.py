@@ -13,23 +13,20 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from .. import switches
 from ..config import ConfigError, DrafterConfig, ModelConfig
 from .drafter import DFlashDrafter
+from .dtypes import DTYPES
 from .gguf import cached_conversion, weights_in_gguf
 from .gguf_weights import load_gguf_weights
-from .layers import rope_inv_freq
+from .layers import Linear, rope_inv_freq
 from .parallel import TPGroup, local_config, make_all_reduce, shard_index
-from .quant import QUANTS, quantize_projections
+from .quant import QUANTS, QuantLinear, quantize
 from .target import TargetModel
 
 log = logging.getLogger("flashtree.models")
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float64": torch.float64}
-
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
@@ -248,3 +245,16 @@ def save_module(module: torch.nn.Module, config: dict, path: str | Path, skip: t
     state = {n: t.detach().contiguous().cpu() for n, t in module.state_dict().items() if n not in skip}
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def quantize_projections(model: nn.Module, kind: str) -> int:
+    """Every `layers.Linear` of `model` replaced by a QuantLinear of its weight in `kind` (a tied
+    head gets its own blocks; embeddings stay float). Returns how many."""
+    done = 0
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, Linear):
+            parent, _, leaf = name.rpartition(".")
+            bias = None if mod.bias is None else mod.bias.detach()
+            setattr(model.get_submodule(parent), leaf, QuantLinear(quantize(mod.weight, kind), bias))
+            done += 1
+    return done

@@ -13,8 +13,7 @@ weight by llama.cpp's rounding (the `gguf` package's reference quantizer), `dequ
 float weight back, `reference` computes what the kernel computes in float64 (the tests' oracle).
 
 `QuantLinear` is the projection over `Blocks` (`torch.ops.flashtree.qdense`, eager or compiled);
-`QuantEmbedding` looks rows up and dequantizes them; `quantize_projections` puts every projection
-of a float model in blocks (quant="q8_0" | "q4_0"). Nothing here reads a file or decides which
+`QuantEmbedding` looks rows up and dequantizes them. Nothing here reads a file or decides which
 form a model takes (`gguf_weights.py` and the loader do).
 """
 from __future__ import annotations
@@ -70,9 +69,9 @@ class Blocks:
             w = w + m[:, :nb, None]
         return w.reshape(n, k).to(dtype)
 
-    def rows(self, ids: torch.Tensor) -> "Blocks":
+    def rows(self, ids: torch.Tensor) -> Blocks:
         """Rows `ids` of the weight (copies)."""
-        pick = lambda t: None if t is None else t.index_select(0, ids).contiguous()  # noqa: E731
+        pick = lambda t: None if t is None else t.index_select(0, ids).contiguous()
         return Blocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), self.interleaved)
 
 
@@ -208,11 +207,6 @@ def reference(x: torch.Tensor, w: Blocks, bias: torch.Tensor | None = None) -> n
     return y
 
 
-def qdense_shape(x, qs, d, m, bias):
-    """Shape of qdense's output for torch.compile's tracing: [..., N]."""
-    return x.new_empty((*x.shape[:-1], qs.shape[0]))
-
-
 class QuantLinear(nn.Module):
     """A projection whose weight stays in blocks (buffers `qs`, `d`, `m`; a float `bias` or none):
     x [..., K] float32 / bf16 -> [..., N] in x's dtype, by the CPU kernel (call only where
@@ -281,17 +275,3 @@ def describe(model: nn.Module) -> str | None:
     most projections have first."""
     forms = weight_forms(model)
     return "+".join(sorted(forms, key=lambda k: -forms[k])) if forms else None
-
-
-def quantize_projections(model: nn.Module, kind: str) -> int:
-    """Every `layers.Linear` of `model` replaced by a QuantLinear of its weight in `kind` (a tied
-    head gets its own blocks; embeddings stay float). Returns how many."""
-    from .layers import Linear
-    done = 0
-    for name, mod in list(model.named_modules()):
-        if isinstance(mod, Linear):
-            parent, _, leaf = name.rpartition(".")
-            bias = None if mod.bias is None else mod.bias.detach()
-            setattr(model.get_submodule(parent), leaf, QuantLinear(quantize(mod.weight, kind), bias))
-            done += 1
-    return done

@@ -16,7 +16,16 @@ from torch import nn
 
 from .. import cpu
 from ..config import ModelConfig
-from .layers import MLP, Attention, Linear, Paged, RMSNorm, Rotary, page_rows, paged_applies
+from .layers import (
+    MLP,
+    Attention,
+    Linear,
+    Paged,
+    RMSNorm,
+    Rotary,
+    page_rows,
+    paged_applies,
+)
 
 
 class DecoderLayer(nn.Module):
@@ -115,7 +124,7 @@ class TargetModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def fuse(self) -> "TargetModel":
+    def fuse(self) -> TargetModel:
         """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
         for layer in self.model.layers:
             layer.self_attn.fuse()

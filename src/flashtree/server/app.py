@@ -21,32 +21,53 @@ import contextlib
 import hmac
 import json
 import logging
+import multiprocessing
 import os
+import signal
 import threading
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-import multiprocessing
-import signal
-from concurrent.futures import ProcessPoolExecutor
-
-import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..engine.sequence import tau_histogram
 from ..errors import QueueFullError, RequestError
-from .async_engine import (SHUTTING_DOWN, AsyncEngine, Channel, EngineStopped, ShuttingDown, Submission, TextDelta,
-                           Update)
+from .async_engine import (
+    SHUTTING_DOWN,
+    AsyncEngine,
+    Channel,
+    EngineStopped,
+    ShuttingDown,
+    Submission,
+    TextDelta,
+    Update,
+)
 from .limits import ServerLimits
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                       ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion, CompletionChoice,
-                       CompletionRequest, ModelCard, ModelList, SpecUsage, Usage, parse_request)
+from .protocol import (
+    APIError,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    SpecUsage,
+    Usage,
+    parse_request,
+)
 
 log = logging.getLogger("flashtree.server")
 
@@ -115,7 +136,7 @@ class OpenAIServer:
             return bytes(body)
         try:
             return await asyncio.wait_for(receive(), self.limits.body_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise APIError(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
                            code="request_timeout") from None
 
@@ -220,7 +241,7 @@ class OpenAIServer:
                 self.engine.abort(channel)
         return waiter.result() if waiter in done else None
 
-    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: "_Format", usage_of):
+    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: _Format, usage_of):
         """SSE events: per-choice text deltas, finish reasons, optional usage, then [DONE]."""
         deltas = [TextDelta(stop) for _ in range(n)]
         finals: list[Update | None] = [None] * n
@@ -259,7 +280,7 @@ class OpenAIServer:
         channel = await self.submit(sub)
         n = len(sub.prompts)
         prompt_tokens = sum(len(p) for p in prompts)
-        usage_of = lambda finals: _usage(prompt_tokens, finals)  # noqa: E731
+        usage_of = lambda finals: _usage(prompt_tokens, finals)
         if req.stream:
             include = req.stream_options is not None and req.stream_options.include_usage
             return StreamingResponse(self.stream(channel, n, sub.params[0].stop, fmt, usage_of if include else None),

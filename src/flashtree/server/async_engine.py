@@ -22,8 +22,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import QueueFullError
 from ..engine.sequence import RequestMetrics, Sequence
+from ..errors import QueueFullError
 from ..sampling_params import SamplingParams
 from .limits import ServerLimits
 from .logs import DecodeBatchLog

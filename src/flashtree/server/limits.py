@@ -31,7 +31,7 @@ class ServerLimits:
             if v is not None and not v > 0:
                 raise UserError(f"{name} must be > 0 seconds, got {v}")
 
-    def resolved(self, max_model_len: int) -> "ServerLimits":
+    def resolved(self, max_model_len: int) -> ServerLimits:
         """These limits with the context-relative defaults filled in."""
         return ServerLimits(self.max_body_bytes, self.max_request_tokens or 8 * max_model_len,
                             self.max_queued_tokens or 64 * max_model_len, self.queue_timeout_s,

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..speculative.proposer import METHODS
 from ..sampling_params import SamplingParams
+from ..speculative.proposer import METHODS
 
 MAX_N = 128
 

@@ -35,7 +35,14 @@ import numpy as np
 
 from .calibration import Calibration, mean_curve, path_logprobs, tau_curve
 from .costs import CostTable, choose_tokens, drafting_pays
-from .probes import PROBE_EVERY, beats_plain, gap_after, passed_on, peers_clock, rounds_to_probe
+from .probes import (
+    PROBE_EVERY,
+    beats_plain,
+    gap_after,
+    passed_on,
+    peers_clock,
+    rounds_to_probe,
+)
 from .tree import DraftTree
 
 if TYPE_CHECKING:

@@ -121,9 +121,9 @@ class CostTable:
             return
         lines = line(seeds, list(measured))
         if batch not in self.drift and measured:
-            self.drift[batch] = math.exp(statistics.fmean(math.log(p / l) for p, l in zip(measured.values(), lines)))
+            self.drift[batch] = math.exp(statistics.fmean(math.log(p / fit) for p, fit in zip(measured.values(), lines)))
         clock = self.drift.get(batch, 1.0)
-        self._residual[batch] = {t: p / (l * clock) for (t, p), l in zip(measured.items(), lines)}
+        self._residual[batch] = {t: p / (fit * clock) for (t, p), fit in zip(measured.items(), lines)}
         self._price_seeded(batch)
 
     def record_verify(self, batch: int, tokens: int, secs: float) -> None:

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import RequestError
 from .ddtree import DDTree
-from .proposer import DraftShape
 from .ngram import check_ngram, ngram_match
+from .proposer import DraftShape
 from .tree import DraftOutput, DraftTree
 
 

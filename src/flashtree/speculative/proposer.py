@@ -15,6 +15,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from ..errors import RequestError
 from .limits import RequestLimits
 from .tree import DraftTree
 
@@ -123,3 +124,29 @@ def needs_drafter(method: str) -> bool:
 def takers(option: str) -> list[str]:
     """The methods that take a per-request option."""
     return [m for m in METHODS if option in proposer_class(m).options]
+
+
+def check_method(method: str, has_drafter: bool) -> type[Proposer]:
+    """The method's proposer class; a name not registered, or a drafter method without a
+    drafter, is refused saying what is possible."""
+    if method not in METHODS:
+        raise RequestError(f"method '{method}' is not supported; choose one of {', '.join(METHODS)}", "speculative")
+    cls = proposer_class(method)
+    if cls.needs_drafter and not has_drafter:
+        free = ", ".join(f"'{m}'" for m in METHODS if not proposer_class(m).needs_drafter)
+        raise RequestError(f"method '{method}' needs a DFlash drafter; load one with draft=DIR or use "
+                           f"one of {free}", "speculative")
+    return cls
+
+
+def refuse_options(method: str, **given) -> None:
+    """An option the method does not take would be ignored, so it is refused instead."""
+    cls = proposer_class(method)
+    for name, value in given.items():
+        if value is None or name in cls.options:
+            continue
+        ok = takers(name)
+        which = f"method '{ok[0]}'" if len(ok) == 1 else "methods " + ", ".join(f"'{m}'" for m in ok)
+        raise RequestError(f"{name} applies to {which} only ({OPTION_MEANING[name]}); method '{method}' "
+                           f"{cls.drafts}, so {name}={value!r} would be ignored: drop it or use method='{ok[0]}'",
+                           "speculative")

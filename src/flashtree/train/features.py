@@ -57,7 +57,7 @@ class FeatureStore:
 
     @classmethod
     def build(cls, target, rows: list[dict], layers: list[int], path: Path, batch_tokens: int = 4096,
-              topk: int = 0) -> "FeatureStore":
+              topk: int = 0) -> FeatureStore:
         """Features of `rows` ({"ids": [...]}) at target `layers`, written to `path` (+ .json), and
         with `topk` > 0 the target's top-k next tokens (`path` + .topk-ids / .topk-logp). A store
         built without top-k is rebuilt when top-k is asked for; one built with it and grown without

@@ -37,7 +37,7 @@ class TrainState:
     t0: float = field(default_factory=time.time)
 
     @classmethod
-    def open(cls, work: Path, name: str, model, opt, resume: bool) -> "TrainState":
+    def open(cls, work: Path, name: str, model, opt, resume: bool) -> TrainState:
         """State for `work/<name>_ckpt.pt`; with `resume`, load it when it exists. Starting over
         on top of an existing checkpoint is refused rather than silently overwriting it."""
         state = cls(work / f"{name}_ckpt.pt", work / f"{name}_log.jsonl", model, opt)

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from ..config import ModelConfig
 from ..models.loader import save_module
 from ..models.target import TargetModel
-from .loop import TrainState, warmup_cosine
 from .corpus import read_source, stdlib_files
+from .loop import TrainState, warmup_cosine
 from .tokenizer import EOS, save_tokenizer, train_tokenizer
 
 
@@ -104,7 +104,7 @@ def train_target(out: Path, work: Path, recipe: TargetRecipe, resume: bool = Fal
     torch.manual_seed(recipe.seed)
     cfg = ModelConfig.from_dict(recipe.model_config(), source=str(out / "config.json"))
     model = TargetModel(cfg)
-    for name, p in model.named_parameters():
+    for _name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),

@@ -1,0 +1,73 @@
+"""The sampler: the target's draws from its logits under each sequence's sampling pipeline.
+
+One rule for every row (SPEC §2): greedy sequences take the argmax; sampled ones apply temperature,
+top-k, top-p and min-p, then draw with the uniform of the row's output position — so a token's
+draw never depends on the round's shape (which sequences share it, how deep a tree is). On the
+CPU the pipeline runs on host arrays (one kernel call where it is built); elsewhere as tensors.
+It decides nothing about trees and changes no sequence.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..sampling import FilterPlan, argmax_rows, logits_to_probs, sample, sample_host
+from .round import VerifyInput
+from .sequence import Sequence
+
+
+def all_greedy(seqs: list[Sequence]) -> bool:
+    """Every sequence decodes greedily (no seeded uniforms): the sampling pipeline is the argmax."""
+    return all(s.uniforms is None for s in seqs)
+
+
+class Sampler:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
+               depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:
+        """[R] draws from logits [R, V]; rows spans[i] belong to seqs[i]. Row r is drawn with the
+        u of output position len(output_ids) + depths[r] (depths [R] on the device; deepest[i]:
+        seqs[i]'s largest)."""
+        if all_greedy(seqs):
+            return argmax_rows(logits)  # the pipeline is the argmax
+        ps = [s.params for s in seqs]
+        temps, top_ks, top_ps, min_ps = ([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                                         [p.min_p for p in ps])
+        if logits.device.type == "cpu":  # the same rule on host arrays, in one kernel call where it is built
+            reps = [hi - lo for lo, hi in spans]
+            rows = np.asarray(depths)
+            u = np.zeros(len(rows))
+            for s, (lo, hi), deep in zip(seqs, spans, deepest):
+                if s.uniforms is not None:
+                    u[lo:hi] = s.uniforms.at_host(len(s.output_ids) + rows[lo:hi], len(s.output_ids) + deep + 1)
+            per_row = (lambda v, dt: np.full(reps[0], v[0], dt)) if len(seqs) == 1 else \
+                      (lambda v, dt: np.repeat(np.asarray(v, dt), reps))
+            return torch.from_numpy(sample_host(
+                logits.float().numpy(), per_row(temps, np.float32), per_row(top_ks, np.int64),
+                per_row(top_ps, np.float32), per_row(min_ps, np.float32), u))
+        reps = torch.tensor([hi - lo for lo, hi in spans], device=self.device)
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=self.device).repeat_interleave(reps)
+
+        plan = FilterPlan.of(temps, top_ks, top_ps, min_ps, logits.shape[-1])
+        probs = logits_to_probs(logits, per_row(temps, torch.float32), per_row(top_ks, torch.long),
+                                per_row(top_ps, torch.float32), per_row(min_ps, torch.float32), plan)
+        us = [None if s.uniforms is None else
+              s.uniforms.at(len(s.output_ids) + depths[lo:hi], len(s.output_ids) + deep + 1)
+              for s, (lo, hi), deep in zip(seqs, spans, deepest)]
+        return sample(probs, spans, us)
+
+    def draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
+        """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
+        copy of its verify results)."""
+        if all_greedy(batch):  # the argmax needs no row depths or spans
+            return vin.scatter(argmax_rows(logits))
+        return vin.scatter(self.sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
+
+    def first(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Each sequence's first token (its output position 0) from its prompt's last logits [B, V]."""
+        zero = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        return self.sample(seqs, logits, [(i, i + 1) for i in range(len(seqs))], zero, [0] * len(seqs)).tolist()
