@@ -141,6 +141,39 @@ def test_each_path_this_cpu_runs_forces_kernels_dtype_and_torch(path):
         assert err < (1e-5 if "float32" in key or key.startswith("q") else 2e-2), (key, err)
 
 
+QUANT_PROBE = r"""
+import hashlib, json, torch
+from flashtree.models import cpu_dense, quant
+assert cpu_dense.available(), cpu_dense.why_unavailable()
+g = torch.Generator().manual_seed(0)
+out = {"dot": torch.ops.flashtree.qdense_dot(), "sha": {}}
+for kind in quant.KINDS:  # 17 blocks: two runs of eight and a tail
+    w = quant.interleave(quant.quantize(torch.randn(40, 544, generator=g), kind))
+    for m in (1, 5, 9):
+        y = torch.ops.flashtree.qdense(torch.randn(m, 544, generator=g), w.qs, w.d, w.m, None)
+        out["sha"][f"{kind} {m}"] = hashlib.sha1(y.numpy().tobytes()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not _executable_paths(), reason="no x86-64 path with AVX2 on this CPU")
+def test_the_blocks_kernel_gives_the_same_bits_on_every_path():
+    """The blocks' integer sums are exact whichever instruction makes them (maddubs + madd on AVX2,
+    vpdpbusd where AVX512-VNNI runs), so every path gives the same bits; and each path uses the
+    instruction its rule names (a path that silently fell back would pass the bits alone)."""
+    flags = cpu.cpu_flags() or frozenset()
+    seen = {}
+    for path in _executable_paths():
+        env = {**os.environ, "FLASHTREE_ISA": path}
+        r = subprocess.run([sys.executable, "-c", QUANT_PROBE], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        vnni = path != "avx2" and {"avx512_vnni", "avx512vl"} <= flags
+        assert out["dot"] == ("vpdpbusd" if vnni else "maddubs"), (path, out["dot"])
+        seen[path] = out["sha"]
+    assert all(sha == seen["avx2"] for sha in seen.values()), seen
+
+
 def test_a_path_above_the_cpu_is_refused_at_load():
     if cpu.native_isa() == "amx":
         pytest.skip("this CPU runs every path")

@@ -1,5 +1,5 @@
 // flashtree::qdense — y = x @ W^T + b for a weight kept in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1),
-// by integer dot products (AVX2).
+// by integer dot products (AVX2; AVX512-VNNI's vpdpbusd where the path and the CPU have it).
 //
 // Why: a decode step streams every weight once; in Q4_1 a weight is 5-6 bits instead of bf16's
 // 16, and the file's blocks are what the user has. Dequantizing to bf16 or float32 at load
@@ -36,7 +36,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -141,6 +143,23 @@ inline __m256i dot4(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// acc + dot4(u, s) in one AVX512-VNNI instruction (vpdpbusd on ymm registers, EVEX): the same
+// exact int32 sums, so both give the same bits. Inline assembly keeps the rest of this file
+// compiled for AVX2 (a target attribute would have to cover every function it is inlined into).
+// SmolLM2's Q4_1 projections at 8 rows: see docs/cpu-kernels.md.
+inline __m256i dot4_vnni(__m256i acc, __m256i u, __m256i s) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
+}
+
+// Whether this process multiplies blocks with vpdpbusd: on the avx512 paths and above
+// (FLASHTREE_ISA caps it, as every kernel's path), where the CPU has AVX512-VNNI.
+bool vnni_ready() {
+  static const bool ok = flashtree_kernels::isa_allows("avx512") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
 // y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m.
 //
 // Blocks by eights: a row's first 8S blocks (S = nb / 8) are stored interleaved (quant.py's
@@ -150,7 +169,7 @@ inline __m256i dot4(__m256i u, __m256i s) {
 // (d[8s..8s+8) xd[8s..8s+8), two vector loads) add the superblock to the float sums: the float
 // work of eight blocks in two instructions. The nb % 8 blocks after are stored plainly and added
 // one by one (their sum broadcast by its scale).
-template <int MR, int NR, bool Q4>
+template <int MR, int NR, bool Q4, bool VNNI>
 inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
                  int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const uint16_t* __restrict d,
                  const uint16_t* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
@@ -161,30 +180,48 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  // vpdpbusd adds into its accumulator (5 cycles' latency): two sums per output, even and odd
+  // groups, keep two chains in flight; maddubs + madd are off the chain, one sum suffices
+  constexpr int H = VNNI ? 2 : 1;
   for (int64_t sb = 0; sb < S; ++sb) {
-    __m256i isum[MR][NR];
+    __m256i isum[H][MR][NR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int g = 0; g < 8; ++g) {
-      __m256i xv[MR];
+    for (int h = 0; h < H; ++h)
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i)
-        xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) {
-        const uint8_t* p = qs + j * ldq + sb * 8 * BB + g * BB;
-        if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAheadQ), _MM_HINT_T0);
-        const __m256i w = weight_bytes<Q4>(p);
+        for (int j = 0; j < NR; ++j) isum[h][i][j] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int g0 = 0; g0 < 8; g0 += H) {
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h) {
+        const int g = g0 + h;
+        __m256i xv[MR];
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          __m256i u, sg;
-          operands<Q4>(w, xv[i], u, sg);
-          isum[i][j] = _mm256_add_epi32(isum[i][j], dot4(u, sg));
+        for (int i = 0; i < MR; ++i)
+          xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) {
+          const uint8_t* p = qs + j * ldq + sb * 8 * BB + g * BB;
+          if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAheadQ), _MM_HINT_T0);
+          const __m256i w = weight_bytes<Q4>(p);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i) {
+            __m256i u, sg;
+            operands<Q4>(w, xv[i], u, sg);
+            if constexpr (VNNI)
+              isum[h][i][j] = dot4_vnni(isum[h][i][j], u, sg);
+            else
+              isum[h][i][j] = _mm256_add_epi32(isum[h][i][j], dot4(u, sg));
+          }
         }
       }
+    }
+    if constexpr (H == 2) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) isum[0][i][j] = _mm256_add_epi32(isum[0][i][j], isum[1][i][j]);
     }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
@@ -194,7 +231,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
       const __m256 mv = Q4 ? offsets8(m, dv, j * nbp + 8 * sb) : dv;
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]),
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0][i][j]),
                                     _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * nbp + 8 * sb)), acc[i][j]);
         if constexpr (Q4) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * sb), acc[i][j]);
       }
@@ -234,7 +271,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 
 // Every x row against weight rows [n, n + 2) (n + 1 only when two): x rows four at a time (one
 // weight row each, both rows' bytes staying in L1), then the one to three left (two rows each).
-template <bool Q4>
+template <bool Q4, bool VNNI>
 void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
           int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N, const float* bias, int64_t n,
           bool two) {
@@ -244,10 +281,10 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   const auto [q0, d0, m0, b0] = at(n);
   int64_t i = 0;
   for (; i + 4 <= M; i += 4) {
-    tile<4, 1, Q4>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
+    tile<4, 1, Q4, VNNI>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
     if (two) {
       const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<4, 1, Q4>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
+      tile<4, 1, Q4, VNNI>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
     }
   }
   const int8_t* xi = xq + i * K;
@@ -258,30 +295,30 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   if (left == 0) return;
   if (!two) {
     switch (left) {
-      case 3: tile<3, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      case 2: tile<2, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      default: tile<1, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      case 3: tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      case 2: tile<2, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      default: tile<1, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
     }
     return;
   }
   switch (left) {
     case 3: {
       const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<3, 1, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
-      tile<3, 1, Q4>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
+      tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
+      tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
       break;
     }
-    case 2: tile<2, 2, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-    default: tile<1, 2, Q4>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    case 2: tile<2, 2, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    default: tile<1, 2, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
   }
 }
 
 // Every x row against weight rows [n0, n1), two at a time.
-template <bool Q4>
+template <bool Q4, bool VNNI>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
           const uint8_t* qs, int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += 2) pair<Q4>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
+  for (int64_t n = n0; n < n1; n += 2) pair<Q4, VNNI>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
 }
 
 // x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
@@ -340,16 +377,21 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   const uint16_t* mp = m.has_value() ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t ldq = qs.size(1);
+  const bool vnni = vnni_ready();
   // shares of whole row pairs, as the float kernel's panels (panel_shares' rule)
   const int64_t pairs = (N + 1) / 2;
   const int64_t shares = flashtree_kernels::panel_shares(pairs, 16, M * N * K, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
     const int64_t n0 = 2 * flashtree_kernels::share_start(pairs, s0, shares);
     const int64_t n1 = std::min(N, 2 * flashtree_kernels::share_start(pairs, s1, shares));
-    if (q4)
-      rows<true>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
+    auto run = [&](auto q4_, auto vnni_) {
+      rows<decltype(q4_)::value, decltype(vnni_)::value>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp,
+                                                          yp, N, bp, n0, n1);
+    };
+    if (vnni)
+      q4 ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{});
     else
-      rows<false>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp, yp, N, bp, n0, n1);
+      q4 ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{});
   });
   return dt == at::kFloat ? y : y.to(dt);
 }
@@ -374,6 +416,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
 TORCH_LIBRARY_FRAGMENT(flashtree, m) {
   m.def("qdense(Tensor x, Tensor qs, Tensor d, Tensor? m, Tensor? bias) -> Tensor");
   m.def("quantize_rows(Tensor x, int nbp) -> (Tensor, Tensor, Tensor)");
+  m.def("qdense_dot() -> str", [] { return std::string(vnni_ready() ? "vpdpbusd" : "maddubs"); });
 }
 
 TORCH_LIBRARY_IMPL(flashtree, CPU, m) {

@@ -164,7 +164,7 @@ def auto_quant(device: torch.device) -> tuple[str | None, str]:
         return None, ("the amx path: bf16 AMX tiles verify a draft tree at a fraction of the blocks' cost, so the "
                       "default decodes faster with a GGUF dequantized to bf16 (quant='blocks' keeps its blocks)")
     return "blocks", (f"the {cpu.isa()} path: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer "
-                    f"kernel (a third to half the bytes of bf16 a step)")
+                      f"kernel ({torch.ops.flashtree.qdense_dot()}; a third to half the bytes of bf16 a step)")
 
 
 def resolve_quant(quant: str | None, device: torch.device) -> str | None:
