@@ -123,6 +123,57 @@ def test_streaming_equals_non_streaming(client, ref):
         assert mine[-1].finish_reason == "length"
 
 
+@pytest.mark.parametrize("method", ["ar", "ddtree", "hybrid"])
+def test_logprobs_through_the_openai_client_equal_the_python_api(server, client, method):
+    """chat (logprobs + top_logprobs) and completions (logprobs=k), streamed and not: the same
+    entries as LLM.generate's for the same request, one per completion token."""
+    prompt, spec = PROMPTS[0], {"speculative": {"method": method}}
+    want = server.llm.chat([{"role": "user", "content": prompt}],
+                           SamplingParams(temperature=0, max_tokens=16, logprobs=3), method=method)[0]
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], temperature=0,
+                                       max_tokens=16, logprobs=True, top_logprobs=3, extra_body=spec)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == len(want.token_ids)
+    decode = server.llm.tokenizer.decode
+    for e, w in zip(content, want.logprobs):
+        assert e.token == decode([w.token]) and e.logprob == pytest.approx(w.logprob, abs=1e-5)
+        assert e.bytes == list(e.token.encode())
+        assert [t.token for t in e.top_logprobs] == [decode([t]) for t, _ in w.top]
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                                 temperature=0, max_tokens=16, logprobs=True, top_logprobs=3,
+                                                 stream=True, extra_body=spec))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                           temperature=0, max_tokens=16, extra_body=spec)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == r.choices[0].message.content
+
+    c = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=12, logprobs=2, extra_body=spec)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens).startswith(c.choices[0].text[:1])
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=12, logprobs=2,
+                                            stream=True, extra_body=spec))
+    parts = [ch.choices[0].logprobs for ch in chunks if ch.choices and ch.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+
+
+def test_openapi_describes_the_generation_routes(server):
+    doc = httpx.get(server.base + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', str(doc).replace("'", '"')))
+    assert refs and refs <= set(schemas), refs - set(schemas)  # every reference resolves
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    props = schemas["ChatCompletionRequest"]["properties"]
+    assert {"messages", "logprobs", "top_logprobs", "speculative", "max_completion_tokens"} <= set(props)
+    assert "ChatLogprobs" in str(schemas["ChatChoice"]) and "CompletionLogprobs" in str(schemas["CompletionChoice"])
+    assert set(doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]) == {
+        "application/json", "text/event-stream"}
+
+
 def test_sampling_n_and_seed(client):
     kw = dict(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0.9, top_p=0.95,
               max_tokens=16, n=2, seed=1234, extra_body={"top_k": 50, "min_p": 0.01})
@@ -247,8 +298,13 @@ BAD = [  # (path, body, status, param)
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 999]}, 400, "prompt"),
     ("/v1/completions", {"prompt": "t1", "n": 0}, 400, "n"),
-    ("/v1/completions", {"prompt": "t1", "logprobs": 2}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "t1", "logprobs": 6}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "t1", "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "logprobs": "yes"}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "logprobs": True,
+                              "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "top_logprobs": 2}, 400,
+     "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]}, 400,
      "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],

@@ -16,7 +16,7 @@ from . import cpu
 from .engine import compile_helper
 from .engine.engine import Engine
 from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
-from .engine.sequence import RequestMetrics, Sequence
+from .engine.sequence import RequestMetrics, Sequence, TokenLogprob
 from .errors import UserError
 from .models.loader import load_drafter, load_target
 from .models.quant import describe as describe_quant
@@ -50,6 +50,7 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str
     metrics: RequestMetrics
+    logprobs: list[TokenLogprob] | None = None  # one per token id when SamplingParams.logprobs is set
 
 
 def freeze_heap(owner) -> None:
@@ -198,7 +199,8 @@ class LLM:
 
     def _output(self, prompt, seq: Sequence) -> RequestOutput:
         return RequestOutput(prompt=prompt, text=self.text_of(seq), token_ids=list(seq.output_ids),
-                             finish_reason=seq.finish_reason, metrics=seq.metrics)
+                             finish_reason=seq.finish_reason, metrics=seq.metrics,
+                             logprobs=None if seq.logprobs is None else list(seq.logprobs))
 
     # ------------------------------------------------------------------ API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,

@@ -17,6 +17,7 @@ from .errors import UserError
 MIN_TEMPERATURE = 1e-4      # 0 < temperature < this is refused: use 0 for greedy
 MAX_TEMPERATURE = 1e4       # above this every token is equally likely to within float32 noise
 INT64_MAX = 2**63 - 1
+MAX_LOGPROBS = 20            # most alternatives a token's logprobs list (OpenAI's top_logprobs cap)
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
@@ -35,6 +36,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; k: each output token's log-probability and the k likeliest there
 
     def __post_init__(self):
         def bad(name, why):
@@ -71,6 +73,10 @@ class SamplingParams:
         if self.stop is not None:
             if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
                 bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be None (off) or an integer in [0, {MAX_LOGPROBS}]: the alternatives listed "
+                            "beside each token's own log-probability")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
                     isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):

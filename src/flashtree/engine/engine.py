@@ -219,6 +219,7 @@ class Engine:
                        uniforms=uniforms, stop_ids=frozenset(stop_ids), block_size=shape.block_size,
                        budget=shape.budget, topk=shape.topk, auto=shape.auto, options=dict(shape.options))
         seq.metrics.prompt_tokens = len(prompt_ids)
+        seq.logprobs = None if params.logprobs is None else []
         self._next_id += 1
         self.waiting.append(seq)
         return seq
@@ -313,13 +314,15 @@ class Engine:
         vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
         logits = self._timed("verify_forward", self._forward, batch, vin)
         vout = self._timed("verify_walk", self.verifier, batch, vin, logits, self.sampler.draws)
-        return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up)
+        lps = self._timed("verify_walk", self.sampler.path_logprobs, batch, trees, vin, vout, logits) \
+            if any(s.logprobs is not None for s in batch) else None
+        return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up, lps)
 
     def _depths(self, batch: list[Sequence]) -> list[int]:
         """Each sequence's draft depth this round: its limit, or 0 where auto's verdict says plain
         steps pay. The verdict only sizes drafts, and any depth decodes exactly, so a verdict that
         raises is logged and the limits stand: no request fails for it."""
-        limits = [self.depth_limit(s) for s in batch]
+        limits = [s.depth_limit(self.max_model_len) for s in batch]
         try:
             return self._auto_depths(batch, limits)
         except RankLost as e:
@@ -419,22 +422,23 @@ class Engine:
         self.round_times.add(name, dt)
         return out
 
-    def _prefill(self, seqs: list[Sequence]) -> list[int | None]:
+    def _prefill(self, seqs: list[Sequence]) -> list[tuple[int, list | None] | None]:
         """The next `chunk` tokens of each sequence's `cache_ids`, after its `prefilled` ones, in one
         forward; a sequence whose prefill completes draws its first token (unless it is a preempted
-        one coming back: its last token is already drawn). Returns each sequence's drawn token or
-        None; touches no sequence state (the forward's K/V rows are the same on a rerun), so it
+        one coming back: its last token is already drawn). Returns each sequence's drawn token (and
+        its logprobs where asked) or None; touches no sequence state (the forward's K/V rows are the same on a rerun), so it
         can be rerun per sequence (see _isolated)."""
         ids, pos, start, vis, last = pack_prefill([s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs],
                                                   [s.prefilled for s in seqs], self.device)
         logits = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
         fresh = [b for b, s in enumerate(seqs) if s.prefilled + s.chunk == len(s.cache_ids) and not s.output_ids]
-        firsts: list[int | None] = [None] * len(seqs)
+        firsts: list[tuple[int, list | None] | None] = [None] * len(seqs)
         for b, tok in zip(fresh, self.sampler.first([seqs[b] for b in fresh], logits[fresh]) if fresh else []):
-            firsts[b] = tok
+            asked = seqs[b].params.logprobs
+            firsts[b] = tok, None if asked is None else self.sampler.logprobs(logits[b:b + 1], [tok], asked)
         return firsts
 
-    def _commit_prefill(self, seqs: list[Sequence], firsts: list[int | None]) -> None:
+    def _commit_prefill(self, seqs: list[Sequence], firsts: list[tuple[int, list | None] | None]) -> None:
         """Advance each prefilled sequence past its chunk, name its full pages, write its drafter
         context and emit its first token. Each sequence stands alone: one that fails here is
         finished with "error" while the forward stands for the others (rerunning it would
@@ -452,12 +456,12 @@ class Engine:
         if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
             self._isolated(lambda part: self._write_drafter_context([(s, s.length - s.chunk, s.length) for s in part]),
                            [s for s in kept if self._keeps_drafter_context(s)])
-        for s, tok in zip(seqs, firsts):
-            if tok is None or s.finished or not self._drew_token(s, tok):
+        for s, first in zip(seqs, firsts):
+            if first is None or s.finished or not self._drew_token(s, first[0]):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start
             try:
-                self._emit(s, [tok])
+                self._emit(s, [first[0]], first[1])
             except Exception as e:
                 self._fail(s, e)
 
@@ -500,12 +504,6 @@ class Engine:
         return [root_only(s.bonus) if d is None else self.proposers[s.method].tree(s, d, depths[b])
                 for b, (s, d) in enumerate(zip(batch, drafts))]
 
-    def depth_limit(self, s: Sequence) -> int:
-        """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
-        (a round emits depth+1 tokens), or the context limit."""
-        return min(s.block_size - 1, s.params.max_tokens - len(s.output_ids) - 1,
-                   self.max_model_len - s.length - 2)  # committed = length + 1, +depth+1 this round
-
     def _forward(self, batch: list[Sequence], vin: VerifyInput) -> torch.Tensor:
         logits = self.runner.run_target(vin.ids, vin.positions, [s.slot for s in batch], vin.lengths,
                                         vin.mask, vin.nodes)  # [R, V]: valid nodes only
@@ -529,7 +527,8 @@ class Engine:
             path = [0] if plain else np.flatnonzero(accepted[b]).tolist()  # node order == depth order
             start, choice = s.length, out.choices[b]
             try:
-                judged = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0)
+                judged = self._commit_path(s, out.trees[b], path, bonus[b], choice, drafted=out.drafted > 0,
+                                            logprobs=out.logprobs[b] if out.logprobs else None)
             except Exception as e:
                 self._fail(s, e)
                 continue
@@ -545,7 +544,7 @@ class Engine:
         self.stats.rounds += 1
 
     def _commit_path(self, s: Sequence, tree: DraftTree, path: list[int], bonus: int, choice: Choice | None,
-                     drafted: bool) -> bool:
+                     drafted: bool, logprobs: list | None = None) -> bool:
         """One sequence's accepted `path` (node indices, root first) and bonus token: its proposer
         told (when any sequence drafted), its metrics and auto's calibration updated, its tokens
         emitted. True when it is an auto sequence that drafted (the round's verdict covers it)."""
@@ -564,7 +563,7 @@ class Engine:
             s.metrics.predicted_taus.append(choice.predicted_tau)
         if self.round_log is not None:
             self.round_log.append(RoundRecord(s.req_id, tree, path, bonus, choice and choice.predicted_tau))
-        self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus])
+        self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus], logprobs)
         return probed
 
     def _settle_pages(self, batch: list[Sequence], drafter_wrote: bool) -> None:
@@ -575,8 +574,8 @@ class Engine:
             self.blocks.settle(s.slot, s.length, s.length + self._round_rows(s), lambda s=s: s.cache_ids, drafted)
 
     # ---------------------------------------------------------------- stops and retirement
-    def _emit(self, s: Sequence, new: list[int]) -> None:
-        self.stats.generated_tokens += s.append(new, self.max_model_len, self.decode)
+    def _emit(self, s: Sequence, new: list[int], logprobs: list | None = None) -> None:
+        self.stats.generated_tokens += s.append(new, self.max_model_len, self.decode, logprobs)
 
     def _release(self, s: Sequence) -> None:
         if self.drafts is not None and s.slot >= 0 and s.finish_reason != "error":

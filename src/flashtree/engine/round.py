@@ -132,6 +132,7 @@ class RoundOutput:
     passed: int                     # sequences the drafter pass ran for (what it cost counts: fit, the cost table)
     caught_up: int = 0              # context rows the drafter pass fed beyond a block's worth a sequence (its
                                     # prompt, or what it decoded plainly since it last drafted): 0 = a steady pass
+    logprobs: list | None = None    # per sequence: its committed tokens' TokenLogprobs (None: not asked)
 
 
 @dataclass(slots=True)

@@ -12,8 +12,10 @@ import numpy as np
 import torch
 
 from ..sampling import FilterPlan, argmax_rows, logits_to_probs, sample, sample_host
+from ..speculative.tree import DraftTree
+from ..speculative.verify import VerifyOutput
 from .round import VerifyInput
-from .sequence import Sequence
+from .sequence import Sequence, TokenLogprob
 
 
 def all_greedy(seqs: list[Sequence]) -> bool:
@@ -66,6 +68,30 @@ class Sampler:
         if all_greedy(batch):  # the argmax needs no row depths or spans
             return vin.scatter(argmax_rows(logits))
         return vin.scatter(self.sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
+
+    def logprobs(self, logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+        """Each row's drawn token's log-probability under the target's distribution (log-softmax of
+        logits [n, V] in float32, before temperature and filters) and the k likeliest tokens there."""
+        lp = torch.log_softmax(logits.float(), dim=-1)                       # [n, V]
+        own = lp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        if k == 0:
+            return [TokenLogprob(t, v) for t, v in zip(tokens, own)]
+        values, ids = lp.topk(k, dim=-1)
+        return [TokenLogprob(t, v, tuple(zip(i, w))) for t, v, i, w in zip(tokens, own, ids.tolist(), values.tolist())]
+
+    def path_logprobs(self, batch: list[Sequence], trees: list[DraftTree], vin: VerifyInput, vout: VerifyOutput,
+                      logits: torch.Tensor) -> list[list[TokenLogprob] | None]:
+        """Each sequence's committed tokens' log-probabilities (None where it asks none): an accepted
+        node's token is the draw at its parent, the bonus the draw at the deepest accepted node, so
+        their rows are the accepted path's nodes in order (node i of sequence b: row lo_b + i)."""
+        out: list[list[TokenLogprob] | None] = [None] * len(batch)
+        for b, (s, (lo, _)) in enumerate(zip(batch, vin.spans)):
+            if s.logprobs is None:
+                continue
+            path = np.flatnonzero(vout.accepted[b]).tolist()  # node order == depth order
+            tokens = [int(trees[b].tokens[i]) for i in path[1:]] + [int(vout.bonus[b])]
+            out[b] = self.logprobs(logits[[lo + i for i in path]], tokens, s.params.logprobs)
+        return out
 
     def first(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Each sequence's first token (its output position 0) from its prompt's last logits [B, V]."""

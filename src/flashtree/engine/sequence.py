@@ -43,6 +43,16 @@ class RequestMetrics:
                 "ttft_s": self.ttft_s, "budgets": list(self.budgets), "predicted_taus": list(self.predicted_taus)}
 
 
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """An output token's log-probability under the target's own distribution — the log-softmax of
+    its logits, before temperature and the filters (what OpenAI's API reports, and vLLM's default)
+    — and the `top` likeliest tokens there, most likely first: ((token, logprob), ...)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     req_id: int
@@ -68,6 +78,7 @@ class Sequence:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     t_start: float = field(default_factory=time.perf_counter)
     emitted: int = 0                  # output tokens already reported by Engine.step
+    logprobs: list[TokenLogprob] | None = None  # one per output token when params.logprobs is set
 
     @property
     def bonus(self) -> int:
@@ -83,9 +94,16 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, new: list[int], max_model_len: int, decode) -> int:
-        """Append committed tokens, stopping at a stop id, max_tokens, the context limit
-        (`max_model_len`) or a stop string (`decode`: ids -> text). Returns how many were appended."""
+    def depth_limit(self, max_model_len: int) -> int:
+        """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
+        (a round emits depth+1 tokens), or the context limit."""
+        return min(self.block_size - 1, self.params.max_tokens - len(self.output_ids) - 1,
+                   max_model_len - self.length - 2)  # committed = length + 1, +depth+1 this round
+
+    def append(self, new: list[int], max_model_len: int, decode, logprobs: list[TokenLogprob] | None = None) -> int:
+        """Append committed tokens (and their `logprobs`, where the request asks for them), stopping
+        at a stop id, max_tokens, the context limit (`max_model_len`) or a stop string (`decode`:
+        ids -> text). Returns how many were appended."""
         p, before = self.params, len(self.output_ids)
         for tok in new:
             self.output_ids.append(tok)
@@ -102,4 +120,6 @@ class Sequence:
                 self.text_end = min(hits)
                 self.finish_reason = "stop"
         self.metrics.completion_tokens = len(self.output_ids)
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs[:len(self.output_ids) - before])
         return len(self.output_ids) - before

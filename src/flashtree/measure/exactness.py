@@ -138,7 +138,7 @@ def target_drafts(target: TargetModel):
         def draft(batch):
             out = {}
             for s in batch:
-                if s.method == "ar" or engine.depth_limit(s) <= 0:
+                if s.method == "ar" or s.depth_limit(engine.max_model_len) <= 0:
                     continue
                 ctx, lps, ids = tuple(s.prompt_ids + s.output_ids), [], []
                 for _ in range(s.block_size - 1):

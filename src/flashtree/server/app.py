@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -66,6 +67,9 @@ from .protocol import (
     ModelList,
     SpecUsage,
     Usage,
+    chat_logprobs,
+    completion_logprobs,
+    describe,
     parse_request,
 )
 
@@ -245,6 +249,8 @@ class OpenAIServer:
         """SSE events: per-choice text deltas, finish reasons, optional usage, then [DONE]."""
         deltas = [TextDelta(stop) for _ in range(n)]
         finals: list[Update | None] = [None] * n
+        pending: list[list] = [[] for _ in range(n)]  # logprobs not sent yet: a chunk carries its tokens'
+        sent, chars = [0] * n, [0] * n  # entries sent, and the characters of their tokens' texts
         try:
             for i in range(n):
                 if (head := fmt.head(i)) is not None:
@@ -256,10 +262,14 @@ class OpenAIServer:
                     return
                 done = u.finish_reason is not None
                 text = deltas[u.index].push(u.text, done)
+                pending[u.index] = list(u.logprobs[sent[u.index]:]) if done else pending[u.index] + list(u.logprobs)
                 if done:
                     finals[u.index] = u
                 if text or done:
-                    yield _sse(fmt.chunk(u.index, text, u.finish_reason))
+                    yield _sse(fmt.chunk(u.index, text, u.finish_reason, pending[u.index], chars[u.index]))
+                    sent[u.index] += len(pending[u.index])
+                    chars[u.index] += sum(len(fmt.token_text(e.token)) for e in pending[u.index])
+                    pending[u.index] = []
             if usage_of is not None:
                 yield _sse(fmt.usage_chunk(usage_of(finals)))
             yield "data: [DONE]\n\n"
@@ -276,7 +286,7 @@ class OpenAIServer:
         else:
             prompts, param = await self.completion_prompts(req), "prompt"
         sub = self.submission(req, prompts, param)
-        fmt = _Format(kind, self.model_name)
+        fmt = _Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]))
         channel = await self.submit(sub)
         n = len(sub.prompts)
         prompt_tokens = sum(len(p) for p in prompts)
@@ -348,10 +358,11 @@ def _encode_in_worker(kind: str, payload):
 
 class _Format:
     """OpenAI response and chunk shapes of one endpoint ("chat" or "text")."""
-    __slots__ = ("kind", "model", "id", "created")
+    __slots__ = ("kind", "model", "id", "created", "token_text")
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, token_text=None):
         self.kind, self.model, self.created = kind, model, int(time.time())
+        self.token_text = token_text  # a token id's own text (logprobs)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
     def _envelope(self):
@@ -363,12 +374,16 @@ class _Format:
         return ChatCompletionChunk(**self._envelope(), choices=[ChatChunkChoice(
             index=index, delta=ChatDelta(role="assistant", content=""))])
 
-    def chunk(self, index: int, text: str, finish_reason: str | None):
+    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs=(), offset: int = 0):
+        """One choice's delta; `logprobs`: its tokens' entries not sent yet, whose text starts at
+        character `offset` of the choice's (completions' text_offset)."""
         if self.kind == "chat":
             return ChatCompletionChunk(**self._envelope(), choices=[ChatChunkChoice(
-                index=index, delta=ChatDelta(content=text or None), finish_reason=finish_reason)])
-        return Completion(**self._envelope(), choices=[CompletionChoice(index=index, text=text,
-                                                                        finish_reason=finish_reason)])
+                index=index, delta=ChatDelta(content=text or None), finish_reason=finish_reason,
+                logprobs=chat_logprobs(logprobs, self.token_text))])
+        return Completion(**self._envelope(), choices=[CompletionChoice(
+            index=index, text=text, finish_reason=finish_reason,
+            logprobs=completion_logprobs(logprobs, self.token_text, offset))])
 
     def usage_chunk(self, usage: Usage):
         cls = ChatCompletionChunk if self.kind == "chat" else Completion
@@ -377,10 +392,11 @@ class _Format:
     def response(self, finals: list[Update], usage: Usage):
         if self.kind == "chat":
             return ChatCompletion(**self._envelope(), usage=usage, choices=[ChatChoice(
-                index=u.index, message=AssistantMessage(content=u.text), finish_reason=u.finish_reason)
-                for u in finals])
+                index=u.index, message=AssistantMessage(content=u.text), finish_reason=u.finish_reason,
+                logprobs=chat_logprobs(u.logprobs, self.token_text)) for u in finals])
         return Completion(**self._envelope(), usage=usage, choices=[CompletionChoice(
-            index=u.index, text=u.text, finish_reason=u.finish_reason) for u in finals])
+            index=u.index, text=u.text, finish_reason=u.finish_reason,
+            logprobs=completion_logprobs(u.logprobs, self.token_text)) for u in finals])
 
 
 def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
@@ -482,13 +498,17 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
         log.exception("unhandled error")
         return error(APIError(500, f"internal server error: {type(e).__name__}: {e}"))
 
-    body = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+    def openapi():  # FastAPI's documented hook for extending the schema
+        if app.openapi_schema is None:
+            app.openapi_schema = describe(get_openapi(title=app.title, version=app.version, routes=app.routes))
+        return app.openapi_schema
+    app.openapi = openapi
 
-    @app.post("/v1/chat/completions", openapi_extra={"requestBody": body})
+    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await server.serve(request, "chat")
 
-    @app.post("/v1/completions", openapi_extra={"requestBody": body})
+    @app.post("/v1/completions")
     async def completions(request: Request):
         return await server.serve(request, "text")
 

@@ -42,6 +42,7 @@ class Update:
     block_size: int = 1
     error: str | None = None   # why a choice ended early ("error", "timeout", "abort" at shutdown)
     topk: int | None = None    # the ddtree branching cap the choice ran with
+    logprobs: tuple = ()       # TokenLogprobs: the new tokens' while running; every token's when finished
 
 
 class TextDelta:
@@ -102,6 +103,7 @@ class _Live:
     t_last: float
     rounds_seen: int = 0
     first: bool = True
+    logprobs_seen: int = 0
 
 
 @dataclass(slots=True)
@@ -345,7 +347,11 @@ class AsyncEngine:
             if ev.seq.finished:
                 self._finish(ev.seq, ev.seq.finish_reason, ev.seq.error)
             else:
-                live.channel.put(Update(live.index, self.llm.text_of(ev.seq), len(ev.seq.output_ids), None))
+                lps = ()
+                if ev.seq.logprobs is not None:
+                    lps, live.logprobs_seen = tuple(ev.seq.logprobs[live.logprobs_seen:]), len(ev.seq.logprobs)
+                live.channel.put(Update(live.index, self.llm.text_of(ev.seq), len(ev.seq.output_ids), None,
+                                        logprobs=lps))
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         live = self._live.pop(seq)
@@ -359,7 +365,8 @@ class AsyncEngine:
                  m.completion_tokens, m.elapsed_s, m.completion_tokens / max(m.elapsed_s, 1e-9),
                  m.mean_accept_length, m.rounds)
         text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
-        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error, seq.topk))
+        live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error, seq.topk,
+                                tuple(seq.logprobs or ())))
 
     def _abort_all(self, reason: str, error: str | None = None) -> None:
         for seq in list(self._live):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_LOGPROBS, SamplingParams
 from ..speculative.proposer import METHODS
 
 MAX_N = 128
@@ -73,9 +73,11 @@ class ChatMessage(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs cap (OpenAI's; chat's top_logprobs: MAX_LOGPROBS)
+
 # OpenAI parameters flashtree does not implement, with the values that mean "off".
 _NO_OP = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
@@ -109,7 +111,6 @@ class _Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     speculative: Speculative | None = None
     # OpenAI parameters accepted only with their no-op value (see _NO_OP)
-    logprobs: Any = None
     logit_bias: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
@@ -123,6 +124,10 @@ class _Sampling(_Strict):
     @property
     def choices(self) -> int:
         return self.n or 1
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives each token's logprobs list (None: no logprobs)."""
+        return None
 
     def unsupported(self) -> str | None:
         """The first parameter set to a value flashtree cannot honour, or None."""
@@ -142,7 +147,8 @@ class _Sampling(_Strict):
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=0 if self.top_k in (None, -1) else self.top_k,
                 min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=seed, stop=self.stop or None,
-                stop_token_ids=self.stop_token_ids, ignore_eos=bool(self.ignore_eos))
+                stop_token_ids=self.stop_token_ids, ignore_eos=bool(self.ignore_eos),
+                logprobs=self.top_logprobs_asked())
         except ValueError as e:
             m = re.match(r"SamplingParams\.(\w+)", str(e))
             param = m.group(1) if m else None
@@ -154,7 +160,8 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -174,12 +181,19 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: Any = None
     echo: Any = None
     best_of: Any = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -211,6 +225,9 @@ def parse_request(cls: type[_Sampling], body: bytes) -> _Sampling:
     if bad:
         raise APIError(400, f"'{bad}' is not supported by flashtree (got {getattr(req, bad)!r}); "
                             "remove it or set it to its default", param=bad)
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true (the alternatives are listed beside each token's "
+                            "own log-probability)", param="top_logprobs")
     if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
         raise APIError(400, "stop_token_ids must be non-negative token ids", param="stop_token_ids")
     return req
@@ -240,11 +257,35 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Each completion token's log-probability under the model's own distribution (its logits'
+    log-softmax, before temperature and the filters) and its likeliest alternatives."""
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -265,7 +306,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -281,7 +322,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -306,3 +347,59 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def _top(token_text, token: int, logprob: float) -> TopLogprob:
+    text = token_text(token)
+    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+
+def chat_logprobs(entries, token_text) -> ChatLogprobs | None:
+    """TokenLogprobs (engine) -> a chat choice's `logprobs` (None for none). `token_text`: a
+    token id's own text."""
+    if not entries:
+        return None
+    return ChatLogprobs(content=[ChatTokenLogprob(**_top(token_text, e.token, e.logprob).model_dump(),
+                                                  top_logprobs=[_top(token_text, t, v) for t, v in e.top])
+                                 for e in entries])
+
+
+def completion_logprobs(entries, token_text, offset: int = 0) -> CompletionLogprobs | None:
+    """TokenLogprobs -> a completion choice's `logprobs`: tokens, their logprobs, each position's
+    alternatives ({text: logprob}), and where each token's text starts (from `offset` characters)."""
+    if not entries:
+        return None
+    tokens = [token_text(e.token) for e in entries]
+    starts = [offset]
+    for t in tokens[:-1]:
+        starts.append(starts[-1] + len(t))
+    return CompletionLogprobs(tokens=tokens, token_logprobs=[e.logprob for e in entries],
+                              top_logprobs=[{token_text(t): v for t, v in e.top} for e in entries],
+                              text_offset=starts)
+
+
+# ------------------------------------------------------------------------------------ OpenAPI
+ROUTES = {"/v1/chat/completions": (ChatCompletionRequest, ChatCompletion, ChatCompletionChunk),
+          "/v1/completions": (CompletionRequest, Completion, Completion)}
+
+
+def describe(doc: dict) -> dict:
+    """FastAPI's OpenAPI document with the two generation routes' request, response and stream
+    chunk schemas (the routes read raw bodies, so FastAPI alone sees none)."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+
+    def ref(model) -> dict:
+        if model.__name__ not in schemas:
+            s = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(s.pop("$defs", {}))
+            schemas[model.__name__] = s
+        return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    for path, (request, response, chunk) in ROUTES.items():
+        op = doc["paths"][path]["post"]
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(request)}}}
+        op["responses"]["200"] = {"description": "the completion; with stream: SSE `data:` chunks, then "
+                                                  "`data: [DONE]`",
+                                  "content": {"application/json": {"schema": ref(response)},
+                                              "text/event-stream": {"schema": ref(chunk)}}}
+    return doc
