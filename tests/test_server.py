@@ -160,6 +160,21 @@ def test_logprobs_through_the_openai_client_equal_the_python_api(server, client,
     assert [o for p in parts for o in p.text_offset] == lp.text_offset
 
 
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_penalties_and_logit_bias_through_the_openai_client(server, client, method):
+    """The client's typed parameters (and the extensions in extra_body) reach the engine: the
+    reply equals LLM.generate's with the same processors, and differs from the unprocessed one."""
+    prompt = PROMPTS[1]
+    kw = dict(presence_penalty=0.6, frequency_penalty=0.4, logit_bias={"7": 3.0, "11": -5.0})
+    extra = {"repetition_penalty": 1.2, "min_tokens": 4, "speculative": {"method": method}}
+    r = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=16, extra_body=extra, **kw)
+    want = server.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.6,
+                                                        frequency_penalty=0.4, logit_bias={7: 3.0, 11: -5.0},
+                                                        repetition_penalty=1.2, min_tokens=4), method=method)[0]
+    assert r.choices[0].text == want.text and r.usage.completion_tokens == len(want.token_ids)
+    assert want.text != server.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].text
+
+
 def test_openapi_describes_the_generation_routes(server):
     doc = httpx.get(server.base + "/openapi.json").json()
     schemas = doc["components"]["schemas"]
@@ -309,8 +324,12 @@ BAD = [  # (path, body, status, param)
      "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],
                               "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ("/v1/completions", {"prompt": "t1", "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("/v1/completions", {"prompt": "t1", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "t1", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": "t1", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("/v1/completions", {"prompt": "t1", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "t1", "logit_bias": {"five": 10}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "t1", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "t1", "logit_bias": {"999": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "t1", "frobnicate": 1}, 400, "frobnicate"),
     ("/v1/completions", {"prompt": "t1", "speculative": {"method": "beam"}}, 400, "speculative.method"),
     ("/v1/completions", {"prompt": "t1", "speculative": {"budget": 0}}, 400, "speculative"),

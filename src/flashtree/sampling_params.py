@@ -17,6 +17,7 @@ from .errors import UserError
 MIN_TEMPERATURE = 1e-4      # 0 < temperature < this is refused: use 0 for greedy
 MAX_TEMPERATURE = 1e4       # above this every token is equally likely to within float32 noise
 INT64_MAX = 2**63 - 1
+MAX_REPETITION_PENALTY = 10.0
 MAX_LOGPROBS = 20            # most alternatives a token's logprobs list (OpenAI's top_logprobs cap)
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
@@ -37,6 +38,12 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k: each output token's log-probability and the k likeliest there
+    # logit processors (logit_processors.py), applied along each tree node's own path
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    min_tokens: int = 0          # stop ids are impossible until this many tokens are generated
+    repetition_penalty: float = 1.0  # > 0: seen tokens' positive logits / r, negative ones * r
+    presence_penalty: float = 0.0    # in [-2, 2]: subtracted from each generated token's logit
+    frequency_penalty: float = 0.0   # in [-2, 2]: times its count, subtracted likewise
 
     def __post_init__(self):
         def bad(name, why):
@@ -77,6 +84,24 @@ class SamplingParams:
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be None (off) or an integer in [0, {MAX_LOGPROBS}]: the alternatives listed "
                             "beside each token's own log-probability")
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "must be a finite number")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            bad("repetition_penalty", f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                bad(name, "must be in [-2, 2] (0 = off)")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
+                or not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", "must be an integer in [0, max_tokens]")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX
+                    and isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100
+                    for t, b in self.logit_bias.items()):
+                bad("logit_bias", "must map token ids (non-negative integers) to biases in [-100, 100]")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
                     isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):

@@ -65,7 +65,7 @@ from .round import (
 )
 from .sampler import Sampler
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, check_request
 
 log = logging.getLogger("flashtree.engine")
 
@@ -193,17 +193,7 @@ class Engine:
         if unknown:
             raise RequestError(f"unknown speculative option(s) {', '.join(unknown)}", "speculative")
         refuse_options(method, budget=budget, topk=topk, block_size=block_size, **options)
-        if not prompt_ids:
-            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
-        V = self.target.config.vocab_size
-        if any(not 0 <= t < V for t in prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {V})", "prompt")
-        if len(prompt_ids) >= self.max_model_len:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context limit is "
-                               f"{self.max_model_len} (prompt + at least one generated token)", "prompt")
-        if params.top_k > V:
-            raise RequestError(f"top_k must be at most the vocabulary size {V} (0 disables top-k), "
-                               f"got {params.top_k}", "top_k")
+        check_request(prompt_ids, params, self.target.config.vocab_size, self.max_model_len)
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
         shape = self.proposers[method].configure(block_size, budget, topk, options)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import logit_processors
 from ..sampling import FilterPlan, argmax_rows, logits_to_probs, sample, sample_host
 from ..speculative.tree import DraftTree
 from ..speculative.verify import VerifyOutput
@@ -62,9 +63,27 @@ class Sampler:
               for s, (lo, hi), deep in zip(seqs, spans, deepest)]
         return sample(probs, spans, us)
 
+    def adjusted(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
+                 vin: VerifyInput | None = None) -> torch.Tensor:
+        """logits [R, V] with each sequence's logit processors applied to its rows (the same tensor
+        when none has any). Row i of sequence b draws after the output so far and, in a round
+        (`vin`), the drafted tokens on the path to its node: node i's ancestors past the root and
+        itself (nodes are numbered parents first, so ascending index is root-to-node order)."""
+        if not any(logit_processors.adjusts(s.params) for s in seqs):
+            return logits
+        out = logits.float().clone()
+        for b, (s, (lo, hi)) in enumerate(zip(seqs, spans)):
+            if not logit_processors.adjusts(s.params):
+                continue
+            for i in range(hi - lo):
+                path = [] if vin is None else vin.tokens[b, np.flatnonzero(vin.vis[b, i])[1:]].tolist()
+                logit_processors.apply(out[lo + i], s.params, s.prompt_ids, s.output_ids + path, s.stop_ids)
+        return out
+
     def draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
         """[B, T] the target's draw at every node of the packed trees, on the host (the round's one
         copy of its verify results)."""
+        logits = self.adjusted(batch, logits, vin.spans, vin)
         if all_greedy(batch):  # the argmax needs no row depths or spans
             return vin.scatter(argmax_rows(logits))
         return vin.scatter(self.sample(batch, logits, vin.spans, vin.row_depths, vin.deepest))
@@ -96,4 +115,5 @@ class Sampler:
     def first(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Each sequence's first token (its output position 0) from its prompt's last logits [B, V]."""
         zero = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        logits = self.adjusted(seqs, logits, [(i, i + 1) for i in range(len(seqs))])
         return self.sample(seqs, logits, [(i, i + 1) for i in range(len(seqs))], zero, [0] * len(seqs)).tolist()

@@ -4,8 +4,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..errors import RequestError
 from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
+
+
+def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    """What a request may ask of a model of `vocab_size` tokens and `max_model_len` positions:
+    a non-empty prompt of valid ids that leaves room for one token, and token-valued parameters
+    within the vocabulary. Raises RequestError naming the parameter."""
+    V = vocab_size
+    if not prompt_ids:
+        raise RequestError("the prompt is empty: at least one token is needed", "prompt")
+    if any(not 0 <= t < V for t in prompt_ids):
+        raise RequestError(f"prompt token ids must be in [0, {V})", "prompt")
+    if len(prompt_ids) >= max_model_len:
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context limit is "
+                           f"{max_model_len} (prompt + at least one generated token)", "prompt")
+    if params.logit_bias and max(params.logit_bias) >= V:
+        raise RequestError(f"logit_bias names token {max(params.logit_bias)}; token ids are in [0, {V})", "logit_bias")
+    if params.top_k > V:
+        raise RequestError(f"top_k must be at most the vocabulary size {V} (0 disables top-k), got {params.top_k}",
+                           "top_k")
 
 
 def tau_histogram(taus, block_size: int) -> list[int]:

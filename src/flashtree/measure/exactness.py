@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .. import logit_processors
 from ..config import DrafterConfig, ModelConfig
 from ..engine.engine import Engine
 from ..engine.engine_config import AUTO_MAX_BUDGET, EngineConfig
@@ -56,7 +57,8 @@ def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.fl
 
 @torch.inference_mode()
 def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingParams, n_tokens: int) -> dict:
-    """{token tuple: probability} of the first n_tokens generated tokens (no stops)."""
+    """{token tuple: probability} of the first n_tokens generated tokens (no stops), the request's
+    logit processors applied after each prefix."""
     V = target.config.vocab_size
     dist = {(): 1.0}
     for _ in range(n_tokens):
@@ -64,7 +66,10 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
         ids = torch.tensor([prompt + list(p) for p in prefixes])
         pos = torch.arange(ids.shape[1]).expand_as(ids)
         hidden, _ = target(ids, pos)
-        logits = target.logits(hidden[:, -1])
+        logits = target.logits(hidden[:, -1]).float()
+        if logit_processors.adjusts(params):
+            for i, p in enumerate(prefixes):
+                logit_processors.apply(logits[i], params, prompt, list(p), frozenset(params.stop_token_ids or ()))
         n = len(prefixes)
         probs = logits_to_probs(logits, torch.full((n,), float(params.temperature)),
                                 torch.full((n,), params.top_k), torch.full((n,), float(params.top_p)),
@@ -97,8 +102,7 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
         eng.adaptive.costs = flat_costs()
     if patch is not None:
         patch(eng)
-    base = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
-    seqs = [eng.add_request(prompt, SamplingParams(**base, max_tokens=max_tokens, seed=seed + i, ignore_eos=True))
+    seqs = [eng.add_request(prompt, replace(params, max_tokens=max_tokens, seed=seed + i, ignore_eos=True))
             for i in range(n_samples)]
     while eng.has_work():
         eng.step()

@@ -77,9 +77,6 @@ MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs cap (OpenAI's; chat's t
 
 # OpenAI parameters flashtree does not implement, with the values that mean "off".
 _NO_OP = {
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "suffix": (None, ""), "echo": (None, False),
     "best_of": (None, 1), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
@@ -110,12 +107,12 @@ class _Sampling(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     speculative: Speculative | None = None
-    # OpenAI parameters accepted only with their no-op value (see _NO_OP)
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    min_tokens: Any = None
+    # logit processors (logit_processors.py): OpenAI's, and vLLM's repetition_penalty / min_tokens
+    logit_bias: dict[str, float] | None = None   # token id (as a string, as OpenAI sends it) -> bias
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -128,6 +125,16 @@ class _Sampling(_Strict):
     def top_logprobs_asked(self) -> int | None:
         """How many alternatives each token's logprobs list (None: no logprobs)."""
         return None
+
+    def token_biases(self) -> dict[int, float] | None:
+        """logit_bias with integer token ids; a key that is not one is a 400."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise APIError(400, "logit_bias keys must be token ids (integers as strings, e.g. {\"50256\": -100})",
+                           param="logit_bias") from None
 
     def unsupported(self) -> str | None:
         """The first parameter set to a value flashtree cannot honour, or None."""
@@ -148,7 +155,10 @@ class _Sampling(_Strict):
                 top_k=0 if self.top_k in (None, -1) else self.top_k,
                 min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=seed, stop=self.stop or None,
                 stop_token_ids=self.stop_token_ids, ignore_eos=bool(self.ignore_eos),
-                logprobs=self.top_logprobs_asked())
+                logprobs=self.top_logprobs_asked(), logit_bias=self.token_biases(),
+                presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                min_tokens=self.min_tokens or 0)
         except ValueError as e:
             m = re.match(r"SamplingParams\.(\w+)", str(e))
             param = m.group(1) if m else None

@@ -1,0 +1,49 @@
+"""A request's logit processors: logit_bias, min_tokens and the repetition, presence and frequency
+penalties — applied to one row's logits before the sampling pipeline (`sampling.py`).
+
+Each is a function of the tokens generated before the row's draw, so under speculation each tree
+node's row is processed along its own path (the output so far plus the drafted tokens from the
+root's child down to the node itself); plain decoding, verification and the bonus token apply the
+same rule, which keeps greedy output token-identical and sampled output exactly distributed. The
+order (vLLM's): logit_bias, then min_tokens, then the repetition penalty, then presence and
+frequency. Nothing here samples or knows a tree.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def adjusts(params: SamplingParams) -> bool:
+    """Whether any processor changes this request's logits."""
+    return bool(params.logit_bias) or params.min_tokens > 0 or params.repetition_penalty != 1.0 \
+        or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+
+def apply(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], generated: list[int],
+          stop_ids: frozenset[int]) -> None:
+    """Process one row's logits [V] (float32, in place) for a draw after `generated` output tokens:
+    - logit_bias: each listed token's bias added;
+    - min_tokens: while fewer than min_tokens tokens are generated, every stop id is impossible;
+    - repetition_penalty r (HF's and vLLM's rule): each token seen in the prompt or the output has a
+      positive logit divided by r, a negative one multiplied by r;
+    - presence p and frequency f (OpenAI's rule): each generated token's logit less p and f times its
+      count."""
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
+    if len(generated) < params.min_tokens and stop_ids:
+        logits[torch.tensor(sorted(stop_ids), dtype=torch.long)] = float("-inf")
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(generated)), dtype=torch.long)
+        vals = logits[seen]
+        r = params.repetition_penalty
+        logits[seen] = torch.where(vals > 0, vals / r, vals * r)
+    if (params.presence_penalty or params.frequency_penalty) and generated:
+        counts = Counter(generated)
+        ids = torch.tensor(list(counts), dtype=torch.long)
+        n = torch.tensor(list(counts.values()), dtype=logits.dtype)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * n
