@@ -1,6 +1,6 @@
 """logit_bias, min_tokens and the repetition / presence / frequency penalties under speculation:
 each tree node's row is processed along its own path, so greedy output equals plain decoding's
-for every method (C=1 and C=4, drafts verified: tau > 1) and sampled output matches the exact
+for every method (C=1 and C=8, drafts verified: tau > 1) and sampled output matches the exact
 distribution of the processed target (with a negative control: an engine that ignored the
 processors is caught). Plus the rule itself against a naive model of it, and bad values."""
 from collections import Counter
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashtree import LLM, SamplingParams, logit_processors
+from flashtree.engine.sampler import Sampler
 from flashtree.errors import UserError
 from flashtree.measure.exactness import (
     P_MIN,
@@ -21,7 +22,8 @@ from flashtree.measure.exactness import (
 )
 
 METHODS = ("ar", "ngram", "dflash", "ddtree", "hybrid")
-PROMPTS = ["def main(", "import os\n", "class Tree:\n    def __init__(self", "for i in range("]
+PROMPTS = ["def main(", "import os\n", "class Tree:\n    def __init__(self", "for i in range(",
+           "def fib(n):", "with open(path) as f:", "try:\n    import numpy", "x = [i * i for i in"]  # C=8
 PROCESSED = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3, logit_bias={5: 2.0, 17: -3.0})
 
 
@@ -58,7 +60,7 @@ def test_the_processors_follow_their_rule():
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("tiny-code", dtype="float32", compile=False, max_batch_size=4)
+    return LLM("tiny-code", dtype="float32", compile=False, max_batch_size=8)
 
 
 def reference_decode(llm, prompt: str, params: SamplingParams) -> list[int]:
@@ -83,14 +85,18 @@ def test_greedy_with_processors_equals_plain_decoding(llm, method):
     plain = llm.generate(PROMPTS, params, use_tqdm=False, method="ar")
     outs = llm.generate(PROMPTS, params, use_tqdm=False, method=method)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
-    assert llm.generate(PROMPTS[:1], params, use_tqdm=False, method=method)[0].token_ids == outs[0].token_ids
+    small = llm.generate(PROMPTS[:4], params, use_tqdm=False, method=method)   # C=4
+    alone = llm.generate(PROMPTS[:1], params, use_tqdm=False, method=method)   # C=1
+    assert [o.token_ids for o in small] == [o.token_ids for o in plain[:4]] and alone[0].token_ids == outs[0].token_ids
     if method == "ar":
         assert outs[0].token_ids == reference_decode(llm, PROMPTS[0], params)
         unprocessed = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
                                    use_tqdm=False, method="ar")
         assert [o.token_ids for o in outs] != [o.token_ids for o in unprocessed]  # they change the output
     else:
-        taus = [t for o in outs for t in o.metrics.accept_lengths]
+        # (ngram sizes its chains by measured costs: at C=8 it may decline to draft, so every
+        # concurrency's rounds count)
+        taus = [t for o in outs + small + alone for t in o.metrics.accept_lengths]
         assert sum(taus) / len(taus) > 1
 
 
@@ -122,6 +128,25 @@ def test_sampled_output_has_the_processed_targets_distribution(pair, method, bud
     check_cell(*pair, [1, 2, 3], cell)
     assert cell.passed, (cell.label(), cell.p_value, cell.tv, cell.tv_limit)
     assert cell.mean_accept_length > 1.0
+
+
+class CommittedOnly(Sampler):
+    """A wrong sampler: each row processed with the committed tokens only, not its node's ancestors."""
+
+    def adjusted(self, seqs, logits, spans, vin=None):
+        return super().adjusted(seqs, logits, spans, None)
+
+
+def committed_only(engine) -> None:
+    engine.sampler = CommittedOnly(engine.device)  # the engine's sampler seam
+
+
+def test_processors_that_ignore_the_nodes_ancestors_are_caught(pair):
+    """Negative control: the penalties applied from the committed tokens only (each drafted node
+    processed as if it were the root) shift the draws below the root, and the same test rejects it."""
+    cell = Cell("ddtree", 6, SamplingParams(temperature=1.0, **SAMPLED), n=20_000)
+    check_cell(*pair, [1, 2, 3], cell, patch=committed_only)
+    assert cell.rejected(), (cell.p_value, cell.tv, cell.tv_limit, cell.mean_accept_length)
 
 
 def test_an_engine_ignoring_the_processors_is_caught(pair):

@@ -9,12 +9,13 @@ from flashtree import LLM, SamplingParams
 from flashtree.errors import UserError
 
 METHODS = ("ar", "ngram", "dflash", "ddtree", "hybrid")
-PROMPTS = ["def main(", "import os\n", "class Tree:\n    def __init__(self", "for i in range("]
+PROMPTS = ["def main(", "import os\n", "class Tree:\n    def __init__(self", "for i in range(",
+           "def fib(n):", "with open(path) as f:", "try:\n    import numpy", "x = [i * i for i in"]  # C=8
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("tiny-code", dtype="float32", compile=False, max_batch_size=4)
+    return LLM("tiny-code", dtype="float32", compile=False, max_batch_size=8)
 
 
 def reference(llm, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
@@ -47,7 +48,7 @@ def test_greedy_logprobs_equal_a_full_forward_and_tokens_equal_plain(llm, method
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=5)
     plain = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False,
                          method="ar")
-    outs = llm.generate(PROMPTS, params, use_tqdm=False, method=method)   # C=4: one batch
+    outs = llm.generate(PROMPTS, params, use_tqdm=False, method=method)   # C=8: one batch
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     for prompt, o in zip(PROMPTS, outs):
         assert len(o.logprobs) == len(o.token_ids) == 40

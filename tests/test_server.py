@@ -55,6 +55,12 @@ def ref(pair):
 
 
 @pytest.fixture(scope="module")
+def offline(pair):
+    """An LLM of its own on the served pair (the server's engine belongs to its loop thread)."""
+    return LLM(model=pair[0], draft=pair[1], method="ddtree", max_batch_size=2)
+
+
+@pytest.fixture(scope="module")
 def server(pair):
     llm = LLM(model=pair[0], draft=pair[1], method="ddtree", max_batch_size=8)
     sock = socket.socket()
@@ -124,17 +130,17 @@ def test_streaming_equals_non_streaming(client, ref):
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree", "hybrid"])
-def test_logprobs_through_the_openai_client_equal_the_python_api(server, client, method):
+def test_logprobs_through_the_openai_client_equal_the_python_api(offline, client, method):
     """chat (logprobs + top_logprobs) and completions (logprobs=k), streamed and not: the same
     entries as LLM.generate's for the same request, one per completion token."""
     prompt, spec = PROMPTS[0], {"speculative": {"method": method}}
-    want = server.llm.chat([{"role": "user", "content": prompt}],
+    want = offline.chat([{"role": "user", "content": prompt}],
                            SamplingParams(temperature=0, max_tokens=16, logprobs=3), method=method)[0]
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], temperature=0,
                                        max_tokens=16, logprobs=True, top_logprobs=3, extra_body=spec)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == len(want.token_ids)
-    decode = server.llm.tokenizer.decode
+    decode = offline.tokenizer.decode
     for e, w in zip(content, want.logprobs):
         assert e.token == decode([w.token]) and e.logprob == pytest.approx(w.logprob, abs=1e-5)
         assert e.bytes == list(e.token.encode())
@@ -161,18 +167,18 @@ def test_logprobs_through_the_openai_client_equal_the_python_api(server, client,
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
-def test_penalties_and_logit_bias_through_the_openai_client(server, client, method):
+def test_penalties_and_logit_bias_through_the_openai_client(offline, client, method):
     """The client's typed parameters (and the extensions in extra_body) reach the engine: the
     reply equals LLM.generate's with the same processors, and differs from the unprocessed one."""
     prompt = PROMPTS[1]
     kw = dict(presence_penalty=0.6, frequency_penalty=0.4, logit_bias={"7": 3.0, "11": -5.0})
     extra = {"repetition_penalty": 1.2, "min_tokens": 4, "speculative": {"method": method}}
     r = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=16, extra_body=extra, **kw)
-    want = server.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.6,
+    want = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.6,
                                                         frequency_penalty=0.4, logit_bias={7: 3.0, 11: -5.0},
                                                         repetition_penalty=1.2, min_tokens=4), method=method)[0]
     assert r.choices[0].text == want.text and r.usage.completion_tokens == len(want.token_ids)
-    assert want.text != server.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].text
+    assert want.text != offline.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].text
 
 
 def test_openapi_describes_the_generation_routes(server):
