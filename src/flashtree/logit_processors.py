@@ -32,18 +32,19 @@ def apply(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], g
       positive logit divided by r, a negative one multiplied by r;
     - presence p and frequency f (OpenAI's rule): each generated token's logit less p and f times its
       count."""
+    dev = logits.device
     if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=dev)
+        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=dev)
     if len(generated) < params.min_tokens and stop_ids:
-        logits[torch.tensor(sorted(stop_ids), dtype=torch.long)] = float("-inf")
+        logits[torch.tensor(sorted(stop_ids), dtype=torch.long, device=dev)] = float("-inf")
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(generated)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(prompt_ids) | set(generated)), dtype=torch.long, device=dev)
         vals = logits[seen]
         r = params.repetition_penalty
         logits[seen] = torch.where(vals > 0, vals / r, vals * r)
     if (params.presence_penalty or params.frequency_penalty) and generated:
         counts = Counter(generated)
-        ids = torch.tensor(list(counts), dtype=torch.long)
-        n = torch.tensor(list(counts.values()), dtype=logits.dtype)
+        ids = torch.tensor(list(counts), dtype=torch.long, device=dev)
+        n = torch.tensor(list(counts.values()), dtype=logits.dtype, device=dev)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * n
