@@ -62,6 +62,7 @@ from .protocol import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     ModelCard,
     ModelList,
@@ -266,10 +267,13 @@ class OpenAIServer:
                 if done:
                     finals[u.index] = u
                 if text or done:
-                    yield _sse(fmt.chunk(u.index, text, u.finish_reason, pending[u.index], chars[u.index]))
+                    chunk = fmt.chunk(u.index, text, u.finish_reason, pending[u.index], chars[u.index])
+                    yield _sse(chunk)
                     sent[u.index] += len(pending[u.index])
-                    chars[u.index] += sum(len(fmt.token_text(e.token)) for e in pending[u.index])
                     pending[u.index] = []
+                    lp = chunk.choices[0].logprobs
+                    if isinstance(lp, CompletionLogprobs):  # where the next chunk's token texts start
+                        chars[u.index] = lp.text_offset[-1] + len(lp.tokens[-1])
             if usage_of is not None:
                 yield _sse(fmt.usage_chunk(usage_of(finals)))
             yield "data: [DONE]\n\n"

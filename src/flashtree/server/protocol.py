@@ -359,9 +359,9 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def _top(token_text, token: int, logprob: float) -> TopLogprob:
+def _top(token_text, token: int, logprob: float, cls=TopLogprob, **more):
     text = token_text(token)
-    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+    return cls(token=text, logprob=logprob, bytes=list(text.encode()), **more)
 
 
 def chat_logprobs(entries, token_text) -> ChatLogprobs | None:
@@ -369,9 +369,8 @@ def chat_logprobs(entries, token_text) -> ChatLogprobs | None:
     token id's own text."""
     if not entries:
         return None
-    return ChatLogprobs(content=[ChatTokenLogprob(**_top(token_text, e.token, e.logprob).model_dump(),
-                                                  top_logprobs=[_top(token_text, t, v) for t, v in e.top])
-                                 for e in entries])
+    return ChatLogprobs(content=[_top(token_text, e.token, e.logprob, ChatTokenLogprob,
+                                      top_logprobs=[_top(token_text, t, v) for t, v in e.top]) for e in entries])
 
 
 def completion_logprobs(entries, token_text, offset: int = 0) -> CompletionLogprobs | None:
