@@ -4,7 +4,7 @@ from . import cpu
 cpu.prepare()  # OpenMP's wait policy and torch's dispatch path, before anything loads torch
 from .engine.sequence import TokenLogprob  # noqa: E402
 from .llm import LLM, RequestOutput  # noqa: E402
-from .sampling_params import SamplingParams  # noqa: E402
+from .sampling_params import SamplingParams, StructuredOutput  # noqa: E402
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput", "RequestOutput", "TokenLogprob"]
 __version__ = "0.1.0"

@@ -18,6 +18,7 @@ from .engine.engine import Engine
 from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
 from .engine.sequence import RequestMetrics, Sequence, TokenLogprob
 from .errors import UserError
+from .grammar import Grammars
 from .models.loader import load_drafter, load_target
 from .models.quant import describe as describe_quant
 from .models.registry import BUNDLED_DRAFTER, BUNDLED_TARGET, resolve  # noqa: F401 (re-exported)
@@ -113,7 +114,8 @@ class LLM:
         self.drafter = load_drafter(self.draft_path, self.target).fuse() if self.draft_path else None
         self.tokenizer = Tokenizer(self.model_path)
         self.engine = Engine(self.target, self.drafter, config, self.tokenizer.eos_token_ids,
-                             decode=self.tokenizer.decode)
+                             decode=self.tokenizer.decode, grammars=Grammars.from_tokenizer(
+                                 self.tokenizer.tk, self.target.config.vocab_size, self.tokenizer.eos_token_ids))
         eng = self.engine
         log.info("loaded %s%s: %s%s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
                  self.model_name or self.model_path, f" + drafter {self.draft_path.name}" if self.draft_path else "",

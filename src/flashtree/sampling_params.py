@@ -7,6 +7,7 @@ engine's, which knows the vocabulary.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,38 @@ INT64_MAX = 2**63 - 1
 MAX_REPETITION_PENALTY = 10.0
 MAX_LOGPROBS = 20            # most alternatives a token's logprobs list (OpenAI's top_logprobs cap)
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+@dataclass(slots=True, frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output, exactly one of: `json_schema` (a JSON Schema, as a dict
+    or its text: the output is JSON that validates against it), `json_object` (any JSON object),
+    `regex` (the output matches it whole) or `grammar` (an EBNF grammar in xgrammar's dialect, as
+    GBNF: `root ::= ...`). `grammar.py` compiles it against the tokenizer; a spec the compiler
+    rejects is refused when the request is added."""
+    json_schema: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        given = [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if len(given) != 1:
+            raise UserError("StructuredOutput takes exactly one of json_schema, json_object=True, regex, grammar "
+                            f"(got {', '.join(given) or 'none'})")
+        if isinstance(self.json_schema, dict):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        for name in ("json_schema", "regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise UserError(f"StructuredOutput.{name} must be a non-empty string"
+                                f"{' or a dict' if name == 'json_schema' else ''} (got {_short(v)})")
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None) \
+            if not self.json_object else "json_object"
 
 
 def _f32(x: float) -> float:
@@ -44,6 +77,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0: seen tokens' positive logits / r, negative ones * r
     presence_penalty: float = 0.0    # in [-2, 2]: subtracted from each generated token's logit
     frequency_penalty: float = 0.0   # in [-2, 2]: times its count, subtracted likewise
+    structured: StructuredOutput | None = None  # the output follows a JSON schema, a regex or a grammar
 
     def __post_init__(self):
         def bad(name, why):
@@ -102,6 +136,8 @@ class SamplingParams:
                     and isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100
                     for t, b in self.logit_bias.items()):
                 bad("logit_bias", "must map token ids (non-negative integers) to biases in [-100, 100]")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            bad("structured", "must be a StructuredOutput (json_schema, json_object, regex or grammar) or None")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
                     isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):

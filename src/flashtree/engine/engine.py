@@ -20,11 +20,13 @@ import torch
 
 from .. import cpu
 from ..errors import EngineFailure, QueueFullError, RequestError, UserError
+from ..grammar import Grammars
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice
+from ..speculative.constrained import force, prune
 from ..speculative.dflash import DFlashDrafts
 from ..speculative.limits import RequestLimits
 from ..speculative.proposer import (
@@ -71,10 +73,11 @@ log = logging.getLogger("flashtree.engine")
 
 class Engine:
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, config: EngineConfig,
-                 eos_token_ids: list[int] = (), decode=None):
+                 eos_token_ids: list[int] = (), decode=None, grammars: Grammars | None = None):
         self.target, self.drafter, self.config = target, drafter, config
         self.eos_token_ids = list(eos_token_ids)
         self.decode = decode  # ids -> text, needed for stop strings
+        self.grammars = grammars  # compiles params.structured (None: no tokenizer to compile against)
         tc = target.config
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -205,11 +208,14 @@ class Engine:
             stop_ids.update(self.eos_token_ids)
         if params.stop and self.decode is None:
             raise RequestError("stop strings need a tokenizer", "stop")
+        if params.structured is not None and self.grammars is None:
+            raise RequestError("structured output needs the model's tokenizer", params.structured.kind)
+        grammar = None if params.structured is None else self.grammars.start(params.structured)
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
                        uniforms=uniforms, stop_ids=frozenset(stop_ids), block_size=shape.block_size,
                        budget=shape.budget, topk=shape.topk, auto=shape.auto, options=dict(shape.options))
         seq.metrics.prompt_tokens = len(prompt_ids)
-        seq.logprobs = None if params.logprobs is None else []
+        seq.logprobs, seq.grammar = None if params.logprobs is None else [], grammar
         self._next_id += 1
         self.waiting.append(seq)
         return seq
@@ -290,6 +296,7 @@ class Engine:
         step); touches no sequence state, so it can be rerun."""
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
+        trees = [t if s.grammar is None else prune(t, s.grammar) for s, t in zip(batch, trees)]  # before the cut
         drafted = sum(d is not None for d in drafts)
         # an n-gram chain is no drafter pass: counted as one, its microseconds became the pass's cost
         passed = sum(d is not None and self.proposers[s.method].needs_drafter for s, d in zip(batch, drafts))
@@ -297,6 +304,8 @@ class Engine:
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, passed, caught_up,  # auto: cut to size
                                      self._held())
+        trees = [t if s.grammar is None else force(t, s.grammar, self._round_rows(s), s.room(self.max_model_len))
+                 for s, t in zip(batch, trees)]  # a grammar's forced tokens: free nodes
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "

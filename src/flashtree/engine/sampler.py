@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import logit_processors
+from .. import grammar, logit_processors
 from ..sampling import FilterPlan, argmax_rows, logits_to_probs, sample, sample_host
 from ..speculative.tree import DraftTree
 from ..speculative.verify import VerifyOutput
@@ -68,11 +68,15 @@ class Sampler:
         """logits [R, V] with each sequence's logit processors applied to its rows (the same tensor
         when none has any). Row i of sequence b draws after the output so far and, in a round
         (`vin`), the drafted tokens on the path to its node: node i's ancestors past the root and
-        itself (nodes are numbered parents first, so ascending index is root-to-node order)."""
-        if not any(logit_processors.adjusts(s.params) for s in seqs):
+        itself (nodes are numbered parents first, so ascending index is root-to-node order). Then
+        a constrained sequence's rows are masked to what its grammar allows after the same paths."""
+        if not any(logit_processors.adjusts(s.params) or s.grammar is not None for s in seqs):
             return logits
         out = logits.float().clone()
         for b, (s, (lo, hi)) in enumerate(zip(seqs, spans)):
+            if s.grammar is not None:
+                grammar.apply_masks(out[lo:hi], s.grammar.mask() if vin is None else s.grammar.tree_masks(
+                    vin.tokens[b, :hi - lo].tolist(), vin.parents[b, :hi - lo].tolist()))
             if not logit_processors.adjusts(s.params):
                 continue
             for i in range(hi - lo):

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import RequestError
 from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ..grammar import GrammarState
 
 
 def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
@@ -99,6 +103,7 @@ class Sequence:
     t_start: float = field(default_factory=time.perf_counter)
     emitted: int = 0                  # output tokens already reported by Engine.step
     logprobs: list[TokenLogprob] | None = None  # one per output token when params.logprobs is set
+    grammar: GrammarState | None = None  # params.structured's state after output_ids
 
     @property
     def bonus(self) -> int:
@@ -117,17 +122,25 @@ class Sequence:
     def depth_limit(self, max_model_len: int) -> int:
         """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
         (a round emits depth+1 tokens), or the context limit."""
-        return min(self.block_size - 1, self.params.max_tokens - len(self.output_ids) - 1,
+        return min(self.block_size - 1, self.room(max_model_len))
+
+    def room(self, max_model_len: int) -> int:
+        """Deepest node a round may verify: a round emits depth+1 tokens, within max_tokens and
+        the context limit."""
+        return min(self.params.max_tokens - len(self.output_ids) - 1,
                    max_model_len - self.length - 2)  # committed = length + 1, +depth+1 this round
 
     def append(self, new: list[int], max_model_len: int, decode, logprobs: list[TokenLogprob] | None = None) -> int:
         """Append committed tokens (and their `logprobs`, where the request asks for them), stopping
         at a stop id, max_tokens, the context limit (`max_model_len`) or a stop string (`decode`:
-        ids -> text). Returns how many were appended."""
+        ids -> text), or where the grammar (params.structured) is complete. Returns how many were
+        appended."""
         p, before = self.params, len(self.output_ids)
         for tok in new:
+            if self.grammar is not None:
+                self.grammar.accept(tok)
             self.output_ids.append(tok)
-            if tok in self.stop_ids:
+            if tok in self.stop_ids or (self.grammar is not None and self.grammar.terminated):
                 self.finish_reason = "stop"
                 break
             if len(self.output_ids) >= p.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= max_model_len:

@@ -1,0 +1,64 @@
+"""Draft trees under a grammar: the nodes it forbids pruned before the verify, the tokens it forces
+added for free.
+
+The target's draw at a node follows the request's grammar (`engine/sampler.py` masks each node's
+row after its own path), so a drafted child the grammar forbids at its parent can never be
+accepted: `prune` drops it and its subtree, and a size cut after it (budget auto) keeps nodes that
+can be accepted. Where the grammar allows exactly one token after a node, the masked draw there is
+that token with probability one: `force` adds it as the node's child (right after it, ahead of the
+drafted nodes a size cut drops first), accepted whenever its parent is, without the drafter
+proposing it. Both depend only on the grammar, never on the draws, so verification stays exact.
+Nothing here samples or runs a model.
+"""
+from __future__ import annotations
+
+from ..grammar import GrammarState, allows, forced
+from .tree import DraftTree
+
+
+def prune(tree: DraftTree, state: GrammarState) -> DraftTree:
+    """`tree` (nodes parents first) without the nodes `state`'s grammar forbids, nor their subtrees."""
+    if tree.size == 1:
+        return tree
+    return _pass(tree, state.tree_masks(tree.tokens, tree.parents), state.vocab_size, tree.size, 0) or tree
+
+
+def force(tree: DraftTree, state: GrammarState, rows: int, depth: int) -> DraftTree:
+    """`tree` pruned, with each token the grammar forces added below its node, in at most `rows`
+    nodes and to depth `depth`. Each pass adds one level of forced tokens; the passes stop when
+    one changes nothing."""
+    while True:
+        new = _pass(tree, state.tree_masks(tree.tokens, tree.parents), state.vocab_size, rows, depth)
+        if new is None:
+            return tree
+        tree = new
+
+
+def _pass(tree: DraftTree, masks, vocab: int, rows: int, depth: int) -> DraftTree | None:
+    """One pass (masks [n, W]: the tokens allowed after each node): None when it changes nothing."""
+    out = DraftTree([tree.tokens[0]], [-1], [0], [0.0])
+    where = {0: 0}  # old node -> new node
+    children: dict[int, set[int]] = {}
+    for i in range(1, tree.size):
+        children.setdefault(tree.parents[i], set()).add(tree.tokens[i])
+    for i in range(tree.size):
+        if i:
+            p = tree.parents[i]
+            if p not in where or not allows(masks[p], tree.tokens[i]):
+                continue
+            where[i] = out.size
+            _add(out, tree.tokens[i], where[p], tree.depths[i], tree.logprobs[i])
+        d = tree.depths[i]
+        t = forced(masks[i], vocab) if d < depth else None
+        if t is not None and t not in children.get(i, ()):  # the one token allowed, not drafted
+            _add(out, t, where[i], d + 1, 0.0)
+    if out.size > rows:  # (a prefix of a parents-first tree is a tree)
+        out = DraftTree(out.tokens[:rows], out.parents[:rows], out.depths[:rows], out.logprobs[:rows])
+    return None if (out.tokens, out.parents) == (tree.tokens, tree.parents) else out
+
+
+def _add(tree: DraftTree, token: int, parent: int, depth: int, logprob: float) -> None:
+    tree.tokens.append(token)
+    tree.parents.append(parent)
+    tree.depths.append(depth)
+    tree.logprobs.append(logprob)
