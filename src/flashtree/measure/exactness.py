@@ -21,11 +21,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .. import logit_processors
+from .. import grammar, logit_processors
 from ..config import DrafterConfig, ModelConfig
 from ..engine.engine import Engine
 from ..engine.engine_config import AUTO_MAX_BUDGET, EngineConfig
 from ..engine.round import verify_round
+from ..grammar import Grammars
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sampling import logits_to_probs
@@ -56,9 +57,11 @@ def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.fl
 
 
 @torch.inference_mode()
-def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingParams, n_tokens: int) -> dict:
+def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingParams, n_tokens: int,
+                       grammars: Grammars | None = None) -> dict:
     """{token tuple: probability} of the first n_tokens generated tokens (no stops), the request's
-    logit processors applied after each prefix."""
+    logit processors applied after each prefix, and its grammar's mask (params.structured, compiled
+    by `grammars`) after it: a state started fresh and fed the prefix token by token."""
     V = target.config.vocab_size
     dist = {(): 1.0}
     for _ in range(n_tokens):
@@ -70,6 +73,12 @@ def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingP
         if logit_processors.adjusts(params):
             for i, p in enumerate(prefixes):
                 logit_processors.apply(logits[i], params, prompt, list(p), frozenset(params.stop_token_ids or ()))
+        if params.structured is not None:
+            for i, p in enumerate(prefixes):
+                state = grammars.start(params.structured)
+                for t in p:
+                    state.accept(t)
+                grammar.apply_masks(logits[i:i + 1], state.mask())
         n = len(prefixes)
         probs = logits_to_probs(logits, torch.full((n,), float(params.temperature)),
                                 torch.full((n,), params.top_k), torch.full((n,), float(params.top_p)),
@@ -87,7 +96,7 @@ class Samples(NamedTuple):
 def sample_sequences(target, drafter, prompt, params: SamplingParams, method: str, budget: int | str | None,
                      n_samples: int, n_tokens: int, seed: int = 0, batch: int = 512,
                      patch=None, compile: bool = False, page_size: int = 16,
-                     topk: int | None = None) -> Samples:
+                     topk: int | None = None, grammars: Grammars | None = None) -> Samples:
     """The first n_tokens of n_samples independent seeded runs, counted, with their mean tau and the
     engine's prefix-cache hit tokens (a small page_size makes the prompt's first pages shared by
     every later run)."""
@@ -97,7 +106,7 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
                                                max_model_len=len(prompt) + max_tokens + 1,
                                                max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
                                                max_queue=n_samples, page_size=page_size,
-                                               compile=compile, topk=topk))
+                                               compile=compile, topk=topk), grammars=grammars)
     if method == "ngram":  # its chains follow measured costs; a cell verifies them whole (flat, pinned costs)
         eng.adaptive.costs = flat_costs()
     if patch is not None:
@@ -243,16 +252,16 @@ P_MIN, TV_MARGIN = 1e-3, 0.005
 
 
 def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None, seed: int = 0, patch=None,
-               exact_of=None) -> Cell:
+               exact_of=None, grammars: Grammars | None = None) -> Cell:
     """Sample cell.n runs and test their first n_tokens against the exact distribution. The default
     n_tokens = block_size + 1 counts the prefill token and every draw of the first round — root,
     each depth of the accepted path, and the bonus after a full accept. exact_of: the model whose
     exact distribution the samples are tested against (default `target`; another one is a
-    negative control)."""
+    negative control). grammars: what compiles cell.params.structured."""
     if n_tokens is None:
         n_tokens = drafter.config.block_size + 1 if drafter is not None else 3
     cell.n_tokens = n_tokens
-    exact = exact_distribution(target if exact_of is None else exact_of, prompt, cell.params, n_tokens)
+    exact = exact_distribution(target if exact_of is None else exact_of, prompt, cell.params, n_tokens, grammars)
     if cell.drafts == "target":
         drafts, wrong = _target_drafts(target), patch
         patch = (lambda eng: (drafts(eng), wrong(eng))) if wrong is not None else drafts
@@ -260,7 +269,7 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
         raise ValueError(f"drafts must be 'model' or 'target', got {cell.drafts!r}")
     counts, mean_tau, cell.prefix_hit_tokens = sample_sequences(
         target, drafter, prompt, cell.params, cell.method, cell.budget, cell.n, n_tokens, seed=seed, patch=patch,
-        compile=cell.compile, page_size=cell.page_size, topk=cell.topk)
+        compile=cell.compile, page_size=cell.page_size, topk=cell.topk, grammars=grammars)
     cell.mean_accept_length = mean_tau
     cell.p_value = chi_square_pooled(counts, exact, cell.n)
     cell.tv = total_variation(counts, exact, cell.n)
