@@ -227,3 +227,15 @@ def test_bad_structured_values_are_refused(kwargs, match):
         StructuredOutput(**kwargs)
     with pytest.raises(UserError, match="structured must be"):
         SamplingParams(structured={"regex": "a"})
+
+
+@pytest.mark.parametrize("method", ["ddtree", "dflash"])
+def test_sampled_drafts_end_at_the_grammars_stop_token(llm, method):
+    """Under a finished grammar the drafts carry its stop token (forced) and the rows below it allow
+    nothing; the output ends there cleanly, never as "no valid token"."""
+    params = [SamplingParams(temperature=0.8, seed=s, max_tokens=64, structured=StructuredOutput(json_object=True))
+              for s in range(6)]
+    outs = llm.generate(PROMPTS[:6], params, use_tqdm=False, method=method)
+    assert all(o.finish_reason in ("stop", "length") for o in outs), [o.finish_reason for o in outs]
+    assert all(isinstance(json.loads(o.text), dict) for o in outs if o.finish_reason == "stop")
+    assert sum(o.finish_reason == "stop" for o in outs) >= 3

@@ -460,6 +460,8 @@ def create_app(llm, model_name: str = "flashtree", api_key: str | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app):
         server.engine.start()
+        if llm.engine.grammars is not None:  # xgrammar's import and vocabulary, off the engine thread
+            threading.Thread(target=llm.engine.grammars.prepare, daemon=True, name="grammars").start()
         yield
         server.engine.shutdown()
         server.tokenizing.close()

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..sampling_params import MAX_LOGPROBS, SamplingParams
+from ..errors import UserError
+from ..sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
 from ..speculative.proposer import METHODS
 
 MAX_N = 128
@@ -54,6 +55,18 @@ class Speculative(_Strict):
         return {k: v for k in ("max_ngram", "min_ngram", "draft_len") if (v := getattr(self, k)) is not None}
 
 
+class JSONSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None   # the schema is enforced either way (flashtree has no best-effort mode)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # accepted for vLLM clients; usage still comes once
@@ -78,7 +91,7 @@ MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs cap (OpenAI's; chat's t
 # OpenAI parameters flashtree does not implement, with the values that mean "off".
 _NO_OP = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "echo": (None, False),
+    "suffix": (None, ""), "echo": (None, False),
     "best_of": (None, 1), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "reasoning_effort": (None,), "web_search_options": (None,),
 }
@@ -113,6 +126,33 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    # structured output (grammar.py): OpenAI's response_format, and vLLM's guided_* extensions
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None   # EBNF, as xgrammar reads it (GBNF: `root ::= ...`)
+
+    def structured(self) -> StructuredOutput | None:
+        """The one output constraint asked for (None: free text); more than one is a 400."""
+        rf = self.response_format if self.response_format is not None and self.response_format.type != "text" else None
+        given = [n for n in ("guided_json", "guided_regex", "guided_grammar") if getattr(self, n) is not None]
+        if len(given) + (rf is not None) > 1:
+            named = given + ["response_format"] * (rf is not None)
+            raise APIError(400, f"at most one output constraint per request: got {', '.join(named)}", param=named[-1])
+        try:
+            if rf is not None and rf.type == "json_object":
+                return StructuredOutput(json_object=True)
+            if rf is not None:
+                if rf.json_schema is None or rf.json_schema.schema_ is None:
+                    raise APIError(400, "response_format of type json_schema needs json_schema.schema",
+                                   param="response_format.json_schema")
+                return StructuredOutput(json_schema=rf.json_schema.schema_)
+            if given:
+                return StructuredOutput(**{given[0].removeprefix("guided_").replace("json", "json_schema"):
+                                           getattr(self, given[0])})
+        except UserError as e:
+            raise APIError(400, str(e), param=given[0] if given else "response_format") from None
+        return None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -158,7 +198,7 @@ class _Sampling(_Strict):
                 logprobs=self.top_logprobs_asked(), logit_bias=self.token_biases(),
                 presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                min_tokens=self.min_tokens or 0)
+                min_tokens=self.min_tokens or 0, structured=self.structured())
         except ValueError as e:
             m = re.match(r"SamplingParams\.(\w+)", str(e))
             param = m.group(1) if m else None
@@ -177,7 +217,6 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     prediction: Any = None
     audio: Any = None
     modalities: Any = None
