@@ -122,7 +122,7 @@ def reference_decode(llm, prompt: str, params: SamplingParams) -> list[int]:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_greedy_under_a_json_schema_equals_plain_decoding(llm, method):
-    params = SamplingParams(temperature=0, max_tokens=64, structured=StructuredOutput(json_schema=SCHEMA))
+    params = SamplingParams(temperature=0, max_tokens=96, structured=StructuredOutput(json_schema=SCHEMA))
     plain = llm.generate(PROMPTS, params, use_tqdm=False, method="ar")
     outs = llm.generate(PROMPTS, params, use_tqdm=False, method=method)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]

@@ -21,6 +21,8 @@ import torch
 from .errors import RequestError
 from .sampling_params import StructuredOutput
 
+WHITESPACE = 12  # most blank characters in a row between JSON tokens (a newline and an indent)
+
 
 def _xgr():
     import xgrammar  # ~2 s to import (it brings transformers): only once a request is constrained
@@ -76,12 +78,13 @@ class Grammars:
 
 def _compiled(compiler, so: StructuredOutput):
     try:
-        # JSON as json.dumps writes it (", " and ": ", no other whitespace): a small model given any
-        # whitespace loops on newlines; OpenAI's json_object means a JSON object
+        # JSON laid out as the model likes (its drafts follow it), but at most WHITESPACE blank
+        # characters in a row: with no cap a small model loops on newlines; OpenAI's json_object
+        # means a JSON object
         if so.json_object:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            return compiler.compile_json_schema('{"type": "object"}', max_whitespace_cnt=WHITESPACE)
         if so.json_schema is not None:
-            return compiler.compile_json_schema(so.json_schema, any_whitespace=False, strict_mode=True)
+            return compiler.compile_json_schema(so.json_schema, max_whitespace_cnt=WHITESPACE, strict_mode=True)
         if so.regex is not None:
             return compiler.compile_regex(so.regex)
         return compiler.compile_grammar(so.grammar)

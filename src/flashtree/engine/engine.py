@@ -26,7 +26,7 @@ from ..models.target import TargetModel
 from ..sampling import Uniforms
 from ..sampling_params import SamplingParams
 from ..speculative.adaptive import AdaptiveBudget, Choice
-from ..speculative.constrained import force, prune
+from ..speculative.constrained import force_all, prune_all
 from ..speculative.dflash import DFlashDrafts
 from ..speculative.limits import RequestLimits
 from ..speculative.proposer import (
@@ -296,7 +296,7 @@ class Engine:
         step); touches no sequence state, so it can be rerun."""
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
-        trees = [t if s.grammar is None else prune(t, s.grammar) for s, t in zip(batch, trees)]  # before the cut
+        trees = self._timed("grammar", prune_all, batch, trees)  # drafts a grammar forbids: gone before the cut
         drafted = sum(d is not None for d in drafts)
         # an n-gram chain is no drafter pass: counted as one, its microseconds became the pass's cost
         passed = sum(d is not None and self.proposers[s.method].needs_drafter for s, d in zip(batch, drafts))
@@ -304,8 +304,8 @@ class Engine:
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, passed, caught_up,  # auto: cut to size
                                      self._held())
-        trees = [t if s.grammar is None else force(t, s.grammar, self._round_rows(s), s.room(self.max_model_len))
-                 for s, t in zip(batch, trees)]  # a grammar's forced tokens: free nodes
+        trees = self._timed("grammar", force_all, batch, trees, [self._round_rows(s) for s in batch],
+                            [s.room(self.max_model_len) for s in batch])  # a grammar's forced tokens: free nodes
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "

@@ -151,6 +151,7 @@ class RoundTimes:
     seed_costs: float = 0.0
     draft: float = 0.0
     tree: float = 0.0
+    grammar: float = 0.0   # structured output: drafts pruned and forced tokens added (sampler masks: verify_walk)
     budget: float = 0.0
     pack: float = 0.0
     verify_forward: float = 0.0

@@ -8,6 +8,8 @@ It decides nothing about trees and changes no sequence.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -27,6 +29,7 @@ def all_greedy(seqs: list[Sequence]) -> bool:
 class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
+        self.masked_rows, self.mask_seconds = 0, 0.0  # structured output: rows masked, and the time it took
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],
                depths: torch.Tensor, deepest: list[int]) -> torch.Tensor:
@@ -75,8 +78,11 @@ class Sampler:
         out = logits.float().clone()
         for b, (s, (lo, hi)) in enumerate(zip(seqs, spans)):
             if s.grammar is not None:
+                t0 = time.perf_counter()
                 grammar.apply_masks(out[lo:hi], s.grammar.mask() if vin is None else s.grammar.tree_masks(
                     vin.tokens[b, :hi - lo].tolist(), vin.parents[b, :hi - lo].tolist()))
+                self.masked_rows, self.mask_seconds = self.masked_rows + hi - lo, \
+                    self.mask_seconds + time.perf_counter() - t0
             if not logit_processors.adjusts(s.params):
                 continue
             for i in range(hi - lo):

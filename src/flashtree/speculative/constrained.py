@@ -12,8 +12,23 @@ Nothing here samples or runs a model.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..grammar import GrammarState, allows, forced
 from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..engine.sequence import Sequence
+
+
+def prune_all(seqs: list[Sequence], trees: list[DraftTree]) -> list[DraftTree]:
+    """Each constrained sequence's tree pruned (`prune`); the others' as they are."""
+    return [t if s.grammar is None else prune(t, s.grammar) for s, t in zip(seqs, trees)]
+
+
+def force_all(seqs: list[Sequence], trees: list[DraftTree], rows: list[int], depths: list[int]) -> list[DraftTree]:
+    """Each constrained sequence's tree with its forced tokens (`force`), in rows[i] nodes to depth depths[i]."""
+    return [t if s.grammar is None else force(t, s.grammar, n, d) for s, t, n, d in zip(seqs, trees, rows, depths)]
 
 
 def prune(tree: DraftTree, state: GrammarState) -> DraftTree:
