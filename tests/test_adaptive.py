@@ -24,7 +24,6 @@ from flashtree.measure.exactness import (
     tiny_pair,
 )
 from flashtree.server.app import create_app
-from flashtree.speculative.adaptive import prefix
 from flashtree.speculative.calibration import (
     BIN_CENTRES,
     Calibration,
@@ -33,7 +32,7 @@ from flashtree.speculative.calibration import (
 )
 from flashtree.speculative.costs import CostTable, choose_tokens
 from flashtree.speculative.hybrid import build_hybrid
-from flashtree.speculative.tree import build_ddtree
+from flashtree.speculative.tree import build_ddtree, prefix
 from helpers import cost_table as table
 from helpers import pin, repetitive_prompts
 from serving import Running, metric

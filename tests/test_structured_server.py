@@ -96,6 +96,15 @@ def test_bad_constraints_are_400s_and_the_server_keeps_serving(server, client, b
 
 def test_openapi_describes_the_constraints(server):
     props = httpx.get(server.base + "/openapi.json").json()["components"]["schemas"]
-    assert {"response_format", "guided_json", "guided_regex", "guided_grammar"} <= set(
+    assert {"response_format", "guided_json", "guided_regex", "guided_grammar", "tools", "tool_choice"} <= set(
         props["ChatCompletionRequest"]["properties"])
-    assert "ResponseFormat" in props and "JSONSchemaFormat" in props
+    assert {"ResponseFormat", "JSONSchemaFormat", "ToolDef", "ToolCall"} <= set(props)
+
+
+def test_tools_for_a_template_that_renders_none_are_a_400(server):
+    """tiny-code's template ignores tools: the model could not be told about them."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=60,
+                   json={"model": "tiny", "messages": CHAT, "max_tokens": 4, "tools": [tool]})
+    assert r.status_code == 400 and "does not render tools" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "tools"

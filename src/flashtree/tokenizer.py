@@ -60,6 +60,7 @@ class Tokenizer:
         self.eos_token_ids: list[int] = sorted(eos)
         self.vocab_size = self.tk.get_vocab_size()
         self._template = None
+        self._renders_tools: bool | None = None
         self._plain = HFTokenizer.from_file(str(tj))  # the same tokenizer, special tokens as text
         self._plain.encode_special_tokens = True
         # byte-level BPE covers every byte with a token of at most this many bytes, so a text of
@@ -81,15 +82,15 @@ class Tokenizer:
             return 0
         return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_bytes_per_token)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """The rendered chat template's ids, with the messages' contents encoded as plain text
-        (a user cannot inject the template's special tokens)."""
-        text = self.apply_chat_template(messages)
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The rendered chat template's ids (with `tools`, OpenAI's function tools, where given), the
+        messages' contents encoded as plain text (a user cannot inject the template's special tokens)."""
+        text = self.apply_chat_template(messages, tools=tools)
         specials = [t for t in self.tk.get_added_tokens_decoder().values() if t.special]
         if not any(t.content in m["content"] for t in specials for m in messages):
             return self.encode(text)  # nothing to escape (the common case)
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-        marked = self.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)])
+        marked = self.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)], tools=tools)
         ids, rest = [], marked
         if self.add_bos:
             ids.append(self.tk.token_to_id(self.bos_token))
@@ -108,7 +109,25 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tk.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders a request's tools (it changes when given one)."""
+        if self._renders_tools is None:
+            probe = [{"role": "user", "content": "hi"}]
+            tool = [{"type": "function", "function": {"name": "probe_fn", "description": "probe",
+                                                      "parameters": {"type": "object", "properties": {}}}}]
+            try:
+                self._renders_tools = self.apply_chat_template(probe, tools=tool) != self.apply_chat_template(probe)
+            except Exception:  # a template that fails on tools does not render them
+                self._renders_tools = False
+        return self._renders_tools
+
+    @property
+    def hermes_tool_calls(self) -> bool:
+        """The template writes tool calls as <tool_call>{...}</tool_call> (the Hermes format)."""
+        return bool(self.chat_template) and "<tool_call>" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if not self.chat_template:
             raise UserError("this model has no chat template (neither chat_template.jinja nor a chat_template in "
                             "tokenizer_config.json); use generate() with a prompt")
@@ -124,7 +143,8 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(self.chat_template)
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                     **({"tools": tools} if tools else {}))
 
 
 def _raise(message):

@@ -73,6 +73,7 @@ from .protocol import (
     describe,
     parse_request,
 )
+from .tools import read_calls
 
 log = logging.getLogger("flashtree.server")
 
@@ -155,12 +156,12 @@ class OpenAIServer:
     async def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         if not req.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                    for m in req.messages]
-        size = sum(len(m["content"]) for m in messages)
+        messages = [m.for_template() for m in req.messages]
+        tools = req.template_tools(self.tokenizer.renders_tools, self.tokenizer.hermes_tool_calls)
+        size = sum(len(m["content"]) for m in messages) + len(json.dumps(tools or []))
         self.check_prompt_size("".join(m["content"] for m in messages), "messages")
         try:
-            return await self.tokenizing.run("chat", messages, size)
+            return await self.tokenizing.run("chat", (messages, tools), size)
         except Exception as e:  # a template may raise anything (jinja errors, raise_exception)
             raise APIError(400, f"the chat template could not render these messages: {e}", param="messages") from None
 
@@ -290,7 +291,10 @@ class OpenAIServer:
         else:
             prompts, param = await self.completion_prompts(req), "prompt"
         sub = self.submission(req, prompts, param)
-        fmt = _Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]))
+        mode = req.tool_mode() if kind == "chat" else None
+        calls = None if mode is None else \
+            (lambda text, done: read_calls(text, mode, self.tokenizer.hermes_tool_calls, done))
+        fmt = _Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls)
         channel = await self.submit(sub)
         n = len(sub.prompts)
         prompt_tokens = sum(len(p) for p in prompts)
@@ -336,7 +340,7 @@ class Tokenizing:
 def _encode(tokenizer, kind: str, payload):
     """Special-token strings typed by users are text (Tokenizer.encode_chat / special=False)."""
     if kind == "chat":
-        return tokenizer.encode_chat(payload)
+        return tokenizer.encode_chat(*payload)  # (messages, tools)
     return [tokenizer.encode(t, special=False) for t in payload]
 
 
@@ -362,11 +366,12 @@ def _encode_in_worker(kind: str, payload):
 
 class _Format:
     """OpenAI response and chunk shapes of one endpoint ("chat" or "text")."""
-    __slots__ = ("kind", "model", "id", "created", "token_text")
+    __slots__ = ("kind", "model", "id", "created", "token_text", "calls")
 
-    def __init__(self, kind: str, model: str, token_text=None):
+    def __init__(self, kind: str, model: str, token_text=None, calls=None):
         self.kind, self.model, self.created = kind, model, int(time.time())
         self.token_text = token_text  # a token id's own text (logprobs)
+        self.calls = calls  # (text, finished) -> (content, tool_calls): a chat with tools (server/tools.py)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
     def _envelope(self):
@@ -389,15 +394,19 @@ class _Format:
             index=index, text=text, finish_reason=finish_reason,
             logprobs=completion_logprobs(logprobs, self.token_text, offset))])
 
+    def _choice(self, u: Update) -> ChatChoice:
+        content, calls = (u.text, None) if self.calls is None else self.calls(u.text, u.finish_reason == "stop")
+        return ChatChoice(index=u.index, message=AssistantMessage(content=content, tool_calls=calls),
+                          finish_reason="tool_calls" if calls else u.finish_reason,
+                          logprobs=chat_logprobs(u.logprobs, self.token_text))
+
     def usage_chunk(self, usage: Usage):
         cls = ChatCompletionChunk if self.kind == "chat" else Completion
         return cls(**self._envelope(), choices=[], usage=usage)
 
     def response(self, finals: list[Update], usage: Usage):
         if self.kind == "chat":
-            return ChatCompletion(**self._envelope(), usage=usage, choices=[ChatChoice(
-                index=u.index, message=AssistantMessage(content=u.text), finish_reason=u.finish_reason,
-                logprobs=chat_logprobs(u.logprobs, self.token_text)) for u in finals])
+            return ChatCompletion(**self._envelope(), usage=usage, choices=[self._choice(u) for u in finals])
         return Completion(**self._envelope(), usage=usage, choices=[CompletionChoice(
             index=u.index, text=u.text, finish_reason=u.finish_reason,
             logprobs=completion_logprobs(u.logprobs, self.token_text)) for u in finals])

@@ -8,7 +8,9 @@ nothing about the engine, tokenisation or HTTP routing.
 """
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import UserError
 from ..sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
 from ..speculative.proposer import METHODS
+from .tools import call_schema
 
 MAX_N = 128
 
@@ -77,20 +80,73 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str   # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None   # None only on an assistant message with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None      # an assistant's calls (sent back in an agent's next turn)
+    tool_call_id: str | None = None               # a tool message: the call it answers
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (HF's convention: a call's arguments as a dict)."""
+        out = {"role": self.role, "content": self.text(), **({"name": self.name} if self.name else {})}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _json_or_text(s: str):
+    try:
+        return json.loads(s)
+    except ValueError:
+        return s
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")   # OpenAI's rule
+    description: str | None = None
+    parameters: dict[str, Any] | None = None   # a JSON schema of the arguments (None: no arguments)
+    strict: bool | None = None                 # the arguments are always held to `parameters`
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs cap (OpenAI's; chat's top_logprobs: MAX_LOGPROBS)
 
 # OpenAI parameters flashtree does not implement, with the values that mean "off".
 _NO_OP = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"),
     "suffix": (None, ""), "echo": (None, False),
     "best_of": (None, 1), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "reasoning_effort": (None,), "web_search_options": (None,),
@@ -136,6 +192,9 @@ class _Sampling(_Strict):
         """The one output constraint asked for (None: free text); more than one is a 400."""
         rf = self.response_format if self.response_format is not None and self.response_format.type != "text" else None
         given = [n for n in ("guided_json", "guided_regex", "guided_grammar") if getattr(self, n) is not None]
+        tools = self.tools_schema() if isinstance(self, ChatCompletionRequest) else None
+        if tools is not None:
+            given = ["tool_choice", *given]
         if len(given) + (rf is not None) > 1:
             named = given + ["response_format"] * (rf is not None)
             raise APIError(400, f"at most one output constraint per request: got {', '.join(named)}", param=named[-1])
@@ -147,6 +206,8 @@ class _Sampling(_Strict):
                     raise APIError(400, "response_format of type json_schema needs json_schema.schema",
                                    param="response_format.json_schema")
                 return StructuredOutput(json_schema=rf.json_schema.schema_)
+            if tools is not None:
+                return StructuredOutput(json_schema=tools)
             if given:
                 return StructuredOutput(**{given[0].removeprefix("guided_").replace("json", "json_schema"):
                                            getattr(self, given[0])})
@@ -212,8 +273,8 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
@@ -232,6 +293,43 @@ class ChatCompletionRequest(_Sampling):
 
     def top_logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def tool_mode(self) -> str | None:
+        """None (no tools), "none", "auto" (OpenAI's default with tools), "required", or the name of
+        the one function to call. A choice that names no given tool is a 400."""
+        c = self.tool_choice
+        if not self.tools:
+            if c not in (None, "none"):
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        if isinstance(c, NamedToolChoice):
+            if c.function.name not in {t.function.name for t in self.tools}:
+                raise APIError(400, f"tool_choice names the function '{c.function.name}', which is not in tools",
+                               param="tool_choice")
+            return c.function.name
+        return c or "auto"
+
+    def template_tools(self, renders: Callable[[], bool], hermes: bool) -> list[dict] | None:
+        """The tools as the chat template reads them (None: none asked). A 400 where the template
+        does not render tools (`renders()`: whether it does), or where the calls would stream (a
+        constrained reply, or "auto" where `hermes` calls are read back)."""
+        mode = self.tool_mode()
+        if mode is None:
+            return None
+        if not renders():
+            raise APIError(400, "this model's chat template does not render tools, so the model cannot be told "
+                                "about them; send the tools in a message instead", param="tools")
+        if self.stream and mode != "none" and (mode != "auto" or hermes):
+            raise APIError(400, "streamed tool calls are not supported yet: set stream to false", param="stream")
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def tools_schema(self) -> dict | None:
+        """The JSON schema tool_choice holds the output to (None: free text)."""
+        mode = self.tool_mode()
+        if mode is None:
+            return None
+        return call_schema([t.model_dump(exclude_none=True) for t in self.tools], mode,
+                           self.parallel_tool_calls is not False)
 
 
 class CompletionRequest(_Sampling):
@@ -303,7 +401,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):

@@ -43,7 +43,7 @@ from .probes import (
     peers_clock,
     rounds_to_probe,
 )
-from .tree import DraftTree
+from .tree import DraftTree, prefix
 
 if TYPE_CHECKING:
     from ..engine.sequence import RequestMetrics, Sequence
@@ -74,15 +74,6 @@ def regime(key: tuple, batch: int) -> tuple:
     batch of 1 it found no probe clock passed on at batch 8, drafted, and 8 rounds later made the
     whole wave probe (T=1, C=8: 9 drafting rounds a 32-request pass, auto 0.97x plain)."""
     return key + (batch.bit_length(),)
-
-
-def prefix(tree: DraftTree, nodes: int) -> DraftTree:
-    """The tree's root and its first `nodes` nodes: in best-first pop order that is the tree a
-    budget of `nodes` would have built (parents precede children, so it is a tree)."""
-    if nodes + 1 >= tree.size:
-        return tree
-    n = nodes + 1
-    return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.logprobs[:n])
 
 
 # ---------------------------------------------------------------------------- the controller

@@ -15,15 +15,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..grammar import GrammarState, allows, forced
-from .tree import DraftTree
+from .tree import DraftTree, prefix
 
 if TYPE_CHECKING:
     from ..engine.sequence import Sequence
 
 
+# A constrained sequence's tree is built from this many times its budget of drafted nodes (its
+# method's `tree`); pruning then keeps its best `budget` nodes the grammar allows: the rows a
+# forbidden node would have taken go to the next best drafts instead of to nothing.
+OVERDRAFT = 2
+
+
 def prune_all(seqs: list[Sequence], trees: list[DraftTree]) -> list[DraftTree]:
-    """Each constrained sequence's tree pruned (`prune`); the others' as they are."""
-    return [t if s.grammar is None else prune(t, s.grammar) for s, t in zip(seqs, trees)]
+    """Each constrained sequence's tree pruned (`prune`), then cut to its budget (in best-first
+    order a prefix is the best tree of its size); the others' as they are."""
+    return [t if s.grammar is None else prefix(prune(t, s.grammar), s.budget) for s, t in zip(seqs, trees)]
+
+
+def drafted_nodes(seq: Sequence) -> int:
+    """How many nodes seq's method drafts this round: its budget, OVERDRAFT times it under a grammar."""
+    return seq.budget * (OVERDRAFT if seq.grammar is not None else 1)
 
 
 def force_all(seqs: list[Sequence], trees: list[DraftTree], rows: list[int], depths: list[int]) -> list[DraftTree]:

@@ -4,6 +4,7 @@ prefix `speculative/adaptive.py` chooses), at most `topk` children per node. Sha
 drafter pass."""
 from __future__ import annotations
 
+from .constrained import drafted_nodes
 from .dflash import DFlash
 from .proposer import DraftShape
 from .tree import DraftOutput, DraftTree, build_ddtree
@@ -24,8 +25,9 @@ class DDTree(DFlash):
         return DraftShape(block_size=bs, budget=nodes, topk=cap, auto=bud == "auto")
 
     def ranks(self, seq) -> int:
-        return seq.budget
+        return drafted_nodes(seq)
 
     def tree(self, seq, draft: DraftOutput, depth: int) -> DraftTree:
-        k = min(seq.budget, draft.ids.shape[1])
-        return build_ddtree(seq.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], seq.budget, seq.topk)
+        nodes = drafted_nodes(seq)  # (a grammar's pruning cuts it back to the budget)
+        k = min(nodes, draft.ids.shape[1])
+        return build_ddtree(seq.bonus, draft.logprobs[:depth, :k], draft.ids[:depth, :k], nodes, seq.topk)

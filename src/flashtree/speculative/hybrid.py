@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..errors import RequestError
+from .constrained import drafted_nodes
 from .ddtree import DDTree
 from .ngram import check_ngram, ngram_match
 from .proposer import DraftShape
@@ -107,10 +108,11 @@ class Hybrid(DDTree):
         d, copy = draft
         hits, trials = self.rate.get(seq, (0, 0))
         logp = math.log((hits + 1) / (trials + 2))
+        nodes = drafted_nodes(seq)  # (a grammar's pruning cuts it back to the budget)
         if d is None:
-            return build_hybrid(seq.bonus, None, None, copy[:depth], seq.budget, logp)
-        k = min(seq.budget, d.ids.shape[1])
-        return build_hybrid(seq.bonus, d.logprobs[:depth, :k], d.ids[:depth, :k], copy[:depth], seq.budget, logp)
+            return build_hybrid(seq.bonus, None, None, copy[:depth], nodes, logp)
+        k = min(nodes, d.ids.shape[1])
+        return build_hybrid(seq.bonus, d.logprobs[:depth, :k], d.ids[:depth, :k], copy[:depth], nodes, logp)
 
     def on_commit(self, seq, tree, path) -> None:
         """Calibrate: walk the round's n-gram branch (the chain `draft` copied from the tokens

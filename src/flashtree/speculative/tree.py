@@ -42,6 +42,15 @@ class DraftTree:
         return vis
 
 
+def prefix(tree: DraftTree, nodes: int) -> DraftTree:
+    """The tree's root and its first `nodes` nodes: in best-first pop order that is the tree a
+    budget of `nodes` would have built (parents precede children, so it is a tree)."""
+    if nodes + 1 >= tree.size:
+        return tree
+    n = nodes + 1
+    return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.logprobs[:n])
+
+
 def root_only(root: int) -> DraftTree:
     """Plain decoding: the root alone (tau is always 1)."""
     return DraftTree([root], [-1], [0], [0.0])
