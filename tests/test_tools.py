@@ -10,6 +10,7 @@ import json
 import shutil
 import socket
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import jsonschema
@@ -43,7 +44,7 @@ ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 class GetWeather(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=10)
-    unit: str
+    unit: Literal["c", "f"]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_a_named_function_and_sampled_calls(client):
 
 def test_the_clients_pydantic_tool_helper(client):
     r = client.chat.completions.parse(model="tiny", messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)],
-                                      tool_choice="required", temperature=0, max_tokens=96)
+                                      tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=256)
     assert isinstance(r.choices[0].message.tool_calls[0].function.parsed_arguments, GetWeather)
 
 

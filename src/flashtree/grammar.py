@@ -41,13 +41,16 @@ class Grammars:
 
     def __init__(self, tokenizer_info: Callable[[], object], vocab_size: int):
         self._info, self.vocab_size = tokenizer_info, vocab_size
-        self._compiler = None
+        self._compiler, self._error = None, None
         self._lock = threading.Lock()  # the server compiles on its event loop, the engine thread starts states
 
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab_size: int, stop_ids: list[int]) -> Grammars:
         """For a `tokenizers.Tokenizer` and a model of `vocab_size` logits (>= the tokenizer's)."""
         def info():
+            if not stop_ids:
+                raise RequestError("structured output needs the model's end-of-sequence token (a grammar ends on "
+                                   "it), and its tokenizer names none", "structured")
             from transformers import PreTrainedTokenizerFast
             return _xgr().TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(tokenizer_object=tokenizer),
                                                          vocab_size=vocab_size, stop_token_ids=list(stop_ids))
@@ -63,12 +66,19 @@ class Grammars:
         """Import xgrammar and read the vocabulary now (~2.5 s with the bundled target), so the first
         constrained request does not wait for them (the server calls it on a thread at start)."""
         with self._lock:
-            if self._compiler is None:
-                self._compiler = _xgr().GrammarCompiler(self._info())
+            if self._compiler is None and self._error is None:
+                try:
+                    self._compiler = _xgr().GrammarCompiler(self._info())
+                except Exception as e:  # kept: each constrained request is refused with it
+                    self._error = str(e) if isinstance(e, RequestError) else \
+                        f"structured output is not available for this tokenizer ({type(e).__name__}: {e})"
 
     def compile(self, so: StructuredOutput):
-        """The compiled grammar of `so`; a spec xgrammar rejects is a RequestError saying why."""
+        """The compiled grammar of `so`; a spec xgrammar rejects, or a vocabulary it cannot read, is a
+        RequestError saying why."""
         self.prepare()
+        if self._error is not None:
+            raise RequestError(self._error, so.kind)
         return _compiled(self._compiler, so)
 
     def start(self, so: StructuredOutput) -> GrammarState:

@@ -210,7 +210,7 @@ class OpenAIServer:
             sub.options = spec.options()
         return sub
 
-    async def submit(self, sub: Submission) -> Channel:
+    async def submit(self, sub: Submission, field_of=lambda param: param) -> Channel:
         if not self.engine.alive:
             raise APIError(503, "the engine loop is not running", code="engine_dead")
         try:
@@ -222,8 +222,8 @@ class OpenAIServer:
             raise APIError(503, str(e), code="shutting_down", type="server_overloaded") from None
         except EngineStopped as e:
             raise APIError(503, f"the engine loop is not running: {e}", code="engine_dead") from None
-        except RequestError as e:  # the engine's checks (method, budget, block_size, top_k, prompt)
-            raise APIError(400, str(e), param=e.param) from None
+        except RequestError as e:  # the engine's checks (method, budget, block_size, top_k, prompt, grammar)
+            raise APIError(400, str(e), param=field_of(e.param)) from None
 
     # ---------------------------------------------------------------- engine updates -> responses
     async def collect(self, request: Request, channel: Channel, n: int) -> list[Update] | None:
@@ -295,7 +295,7 @@ class OpenAIServer:
         calls = None if mode is None else \
             (lambda text, done: read_calls(text, mode, self.tokenizer.hermes_tool_calls, done))
         fmt = _Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls)
-        channel = await self.submit(sub)
+        channel = await self.submit(sub, req.field_of)
         n = len(sub.prompts)
         prompt_tokens = sum(len(p) for p in prompts)
         usage_of = lambda finals: _usage(prompt_tokens, finals)

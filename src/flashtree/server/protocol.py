@@ -215,6 +215,16 @@ class _Sampling(_Strict):
             raise APIError(400, str(e), param=given[0] if given else "response_format") from None
         return None
 
+    def field_of(self, param: str | None) -> str | None:
+        """The request field behind an engine error's parameter: a constraint's kind (grammar.py
+        names it) is the field that asked for it."""
+        if param not in ("json_schema", "json_object", "regex", "grammar", "structured"):
+            return param
+        if isinstance(self, ChatCompletionRequest) and self.tools_schema() is not None:
+            return "tool_choice"
+        return next((n for n in ("guided_json", "guided_regex", "guided_grammar") if getattr(self, n) is not None),
+                    "response_format")
+
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
