@@ -20,6 +20,7 @@ from flashtree.measure.exactness import (
     check_cell,
     chi_square_pooled,
     exact_distribution,
+    position_check,
     sample_sequences,
     tiny_pair,
 )
@@ -178,6 +179,18 @@ def test_sampled_output_has_the_masked_targets_distribution(pair, toy, method, b
     assert cell.mean_accept_length > 1.0
 
 
+@pytest.mark.parametrize("method, budget, temperature", [("ddtree", 8, 0.6), ("dflash", None, 1.0)])
+def test_sampled_json_follows_the_masked_targets_next_token_distribution(llm, method, budget, temperature):
+    """A real vocabulary under a JSON schema: among runs that agree on their first k tokens, token k
+    follows the masked target's exact distribution after them (positions 1-3 come out of verified
+    trees), tau > 1."""
+    params = SamplingParams(temperature=temperature, structured=StructuredOutput(json_schema=SCHEMA))
+    prompt = llm.tokenizer.encode(PROMPTS[0])
+    check = position_check(llm.target, llm.drafter, prompt, params, method, budget, n=3000, min_count=300,
+                           grammars=llm.engine.grammars)
+    assert check.passed and len(check.tests) >= 3, (check.tests, check.mean_accept_length)
+
+
 class RootMaskToo(Sampler):
     """A wrong sampler: every node's row masked after its own path and also by the grammar's state
     at the root (the committed output): still valid output, a different distribution below the root."""
@@ -239,3 +252,20 @@ def test_sampled_drafts_end_at_the_grammars_stop_token(llm, method):
     assert all(o.finish_reason in ("stop", "length") for o in outs), [o.finish_reason for o in outs]
     assert all(isinstance(json.loads(o.text), dict) for o in outs if o.finish_reason == "stop")
     assert sum(o.finish_reason == "stop" for o in outs) >= 3
+
+
+def test_a_forced_string_is_drafted_as_a_chain_below_the_root():
+    """After "c" the regex forces "ab", which "a" "b" or "ab" spell: no single token is forced, so
+    the longest-match tokens go in as a chain (merged with a drafted match, ahead of later nodes)."""
+    vocab = Grammars.from_vocab(["a", "b", "ab", "c", "d", "<m>"], [])
+    so = StructuredOutput(regex="cab(c|d)+")
+    start = vocab.start(so)
+    assert start.jump_forward() == [3, 2]
+    grown = force(DraftTree([5], [-1], [0], [0.0]), start, rows=8, depth=4)
+    assert (grown.tokens, grown.parents, grown.depths) == ([5, 3, 2], [-1, 0, 1], [0, 1, 2])
+    #                 root  c   a (a draft after c)  d (a draft after a: pruned)
+    drafted = DraftTree([5, 3, 0, 4], [-1, 0, 1, 2], [0, 1, 2, 3], [0.0, -0.1, -0.2, -0.3])
+    grown = force(prune(drafted, vocab.start(so)), vocab.start(so), rows=8, depth=4)
+    # c followed; "ab" right after it; the drafted a keeps its place below c and gets its forced b
+    assert (grown.tokens, grown.parents, grown.depths) == ([5, 3, 2, 0, 1], [-1, 0, 1, 1, 3], [0, 1, 2, 2, 3])
+    assert force(DraftTree([5], [-1], [0], [0.0]), vocab.start(so), rows=8, depth=1).tokens == [5, 3]

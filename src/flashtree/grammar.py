@@ -119,6 +119,11 @@ class GrammarState:
         """The grammar is complete and has taken its stop token: nothing may follow."""
         return self.matcher.is_terminated()
 
+    def jump_forward(self) -> list[int]:
+        """The tokens that spell the text the grammar forces next (xgrammar's longest-match
+        tokenization of it; empty when the next character is free)."""
+        return list(self.matcher.find_jump_forward_tokens())
+
     def mask(self) -> np.ndarray:
         """[1, W] the tokens allowed next."""
         out = torch.zeros(1, words(self.vocab_size), dtype=torch.int32)

@@ -58,25 +58,27 @@ def tiny_pair(vocab: int = 8, seed: int = 0, block_size: int = 3, dtype=torch.fl
 
 @torch.inference_mode()
 def exact_distribution(target: TargetModel, prompt: list[int], params: SamplingParams, n_tokens: int,
-                       grammars: Grammars | None = None) -> dict:
-    """{token tuple: probability} of the first n_tokens generated tokens (no stops), the request's
-    logit processors applied after each prefix, and its grammar's mask (params.structured, compiled
-    by `grammars`) after it: a state started fresh and fed the prefix token by token."""
+                       grammars: Grammars | None = None, generated: tuple[int, ...] = ()) -> dict:
+    """{token tuple: probability} of the n_tokens generated after `generated` (tokens the request
+    already generated after `prompt`; no stops), the request's logit processors applied after each
+    prefix, and its grammar's mask (params.structured, compiled by `grammars`) after it: a state
+    started fresh and fed the output so far token by token."""
     V = target.config.vocab_size
     dist = {(): 1.0}
     for _ in range(n_tokens):
         prefixes = list(dist)
-        ids = torch.tensor([prompt + list(p) for p in prefixes])
+        ids = torch.tensor([prompt + list(generated) + list(p) for p in prefixes])
         pos = torch.arange(ids.shape[1]).expand_as(ids)
         hidden, _ = target(ids, pos)
         logits = target.logits(hidden[:, -1]).float()
         if logit_processors.adjusts(params):
             for i, p in enumerate(prefixes):
-                logit_processors.apply(logits[i], params, prompt, list(p), frozenset(params.stop_token_ids or ()))
+                logit_processors.apply(logits[i], params, prompt, list(generated) + list(p),
+                                       frozenset(params.stop_token_ids or ()))
         if params.structured is not None:
             for i, p in enumerate(prefixes):
                 state = grammars.start(params.structured)
-                for t in p:
+                for t in generated + p:
                     state.accept(t)
                 grammar.apply_masks(logits[i:i + 1], state.mask())
         n = len(prefixes)
@@ -314,12 +316,12 @@ def next_tokens(counts: Counter, k: int) -> dict[tuple, Counter]:
 
 def position_check(target, drafter, prompt: list[int], params: SamplingParams, method: str,
                    budget: int | str | None, n: int, positions=(1, 2, 3), min_count: int = 300,
-                   seed: int = 0, patch=None, batch: int = 64) -> PositionCheck:
+                   seed: int = 0, patch=None, batch: int = 64, grammars: Grammars | None = None) -> PositionCheck:
     """n seeded runs of `method`; each (position k in `positions`, prefix of k tokens seen at
     least min_count times) tested against the exact distribution (see PositionCheck). Position 0
     is the prefill's draw; later ones come out of verified trees (runs generate past them)."""
     counts, tau, _ = sample_sequences(target, drafter, prompt, params, method, budget, n, max(positions) + 1,
-                                      seed=seed, patch=patch, batch=batch)
+                                      seed=seed, patch=patch, batch=batch, grammars=grammars)
     check = PositionCheck(f"{method}{'/' + str(budget) if budget else ''} T={params.temperature} "
                           f"top_p={params.top_p}", n, mean_accept_length=tau)
     for k in positions:
@@ -327,7 +329,7 @@ def position_check(target, drafter, prompt: list[int], params: SamplingParams, m
             m = sum(nxt.values())
             if m < min_count:
                 continue
-            exact = exact_distribution(target, prompt + list(prefix), params, 1)
+            exact = exact_distribution(target, prompt, params, 1, grammars, generated=prefix)
             check.tests.append({"position": k, "prefix": list(prefix), "count": m,
                                 "p_value": chi_square_pooled(nxt, exact, m), "tv": total_variation(nxt, exact, m)})
     check.passed = bool(check.tests) and tau > 1 and check.min_p > P_MIN / len(check.tests)

@@ -7,7 +7,11 @@ accepted: `prune` drops it and its subtree, and a size cut after it (budget auto
 can be accepted. Where the grammar allows exactly one token after a node, the masked draw there is
 that token with probability one: `force` adds it as the node's child (right after it, ahead of the
 drafted nodes a size cut drops first), accepted whenever its parent is, without the drafter
-proposing it. Both depend only on the grammar, never on the draws, so verification stays exact.
+proposing it. Where the grammar forces a string after the root (a JSON key, say) that several
+token sequences could spell, `force` drafts its longest-match tokens as a chain below the root
+(merged with drafted nodes that match): a draft like any other, verified as usual, that costs no
+drafter work. All of it depends only on the grammar, never on the draws, so verification stays
+exact.
 Nothing here samples or runs a model.
 """
 from __future__ import annotations
@@ -53,7 +57,8 @@ def prune(tree: DraftTree, state: GrammarState) -> DraftTree:
 def force(tree: DraftTree, state: GrammarState, rows: int, depth: int) -> DraftTree:
     """`tree` pruned, with each token the grammar forces added below its node, in at most `rows`
     nodes and to depth `depth`. Each pass adds one level of forced tokens; the passes stop when
-    one changes nothing."""
+    one changes nothing. First the string the grammar forces after the root goes in as a chain."""
+    tree = _graft(tree, state.jump_forward()[:depth])
     while True:
         new = _pass(tree, state.tree_masks(tree.tokens, tree.parents), state.vocab_size, rows, depth)
         if new is None:
@@ -82,6 +87,29 @@ def _pass(tree: DraftTree, masks, vocab: int, rows: int, depth: int) -> DraftTre
     if out.size > rows:  # (a prefix of a parents-first tree is a tree)
         out = DraftTree(out.tokens[:rows], out.parents[:rows], out.depths[:rows], out.logprobs[:rows])
     return None if (out.tokens, out.parents) == (tree.tokens, tree.parents) else out
+
+
+def _graft(tree: DraftTree, chain: list[int]) -> DraftTree:
+    """`tree` with the token `chain` below its root: drafted nodes that carry it are followed, the
+    rest is added as a chain right after the deepest of them (later nodes move down)."""
+    children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if i}
+    node, i = 0, 0
+    while i < len(chain) and (node, chain[i]) in children:
+        node, i = children[node, chain[i]], i + 1
+    k = len(chain) - i
+    if k == 0:
+        return tree
+    at = node + 1                                    # the chain's first index
+
+    def shift(j: int) -> int:                        # an old index's new one
+        return j if j < at else j + k
+    out = DraftTree(tree.tokens[:at], [p if p < 0 else shift(p) for p in tree.parents[:at]], tree.depths[:at],
+                    tree.logprobs[:at])
+    for n, t in enumerate(chain[i:]):
+        _add(out, t, node if n == 0 else at + n - 1, tree.depths[node] + n + 1, 0.0)
+    for j in range(at, tree.size):
+        _add(out, tree.tokens[j], shift(tree.parents[j]), tree.depths[j], tree.logprobs[j])
+    return out
 
 
 def _add(tree: DraftTree, token: int, parent: int, depth: int, logprob: float) -> None:
