@@ -179,14 +179,15 @@ def test_sampled_output_has_the_masked_targets_distribution(pair, toy, method, b
     assert cell.mean_accept_length > 1.0
 
 
-@pytest.mark.parametrize("method, budget, temperature", [("ddtree", 8, 0.6), ("dflash", None, 1.0)])
+@pytest.mark.parametrize("method, budget, temperature", [
+    ("ddtree", 8, 0.6), pytest.param("dflash", None, 1.0, marks=pytest.mark.slow)])
 def test_sampled_json_follows_the_masked_targets_next_token_distribution(llm, method, budget, temperature):
     """A real vocabulary under a JSON schema: among runs that agree on their first k tokens, token k
     follows the masked target's exact distribution after them (positions 1-3 come out of verified
     trees), tau > 1."""
     params = SamplingParams(temperature=temperature, structured=StructuredOutput(json_schema=SCHEMA))
     prompt = llm.tokenizer.encode(PROMPTS[0])
-    check = position_check(llm.target, llm.drafter, prompt, params, method, budget, n=3000, min_count=300,
+    check = position_check(llm.target, llm.drafter, prompt, params, method, budget, n=2000, min_count=200,
                            grammars=llm.engine.grammars)
     assert check.passed and len(check.tests) >= 3, (check.tests, check.mean_accept_length)
 
