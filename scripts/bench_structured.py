@@ -3,7 +3,9 @@ share of outputs that validate, and what the grammar costs per tree node.
 
 Each chat asks for a JSON object of its own schema (schemas the drafter never saw); greedy. Without
 the constraint the model writes what it likes (often prose around JSON); with it, the output is the
-schema's JSON. Runs are interleaved per chat: free, constrained, free, ... in one process.
+schema's JSON — once with the grammar's drafting (pruned, over-drafted, forced: the default) and
+once with masks only (grammar_drafts=False: the same output, the drafter's trees as they come).
+Runs are interleaved per chat: free, schema, schema masks-only, ... in one process.
 
     python scripts/bench_structured.py --out benchmarks/structured_2026-12-06/run.json
 """
@@ -52,13 +54,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out")
     a = ap.parse_args()
-    llm = LLM("smollm2-135m-instruct", compile=False, max_batch_size=1)
-    eng = llm.engine
+    llms = {"free": LLM("smollm2-135m-instruct", compile=False, max_batch_size=1)}
+    llms["schema"] = llms["free"]
+    llms["schema masks-only"] = LLM("smollm2-135m-instruct", compile=False, max_batch_size=1, grammar_drafts=False)
     rows = []
     for method in a.methods.split(","):
         budget = a.budget if method == "ddtree" else None
         for prompt, schema in CHATS:
-            for constrained in (False, True):
+            for arm, llm in llms.items():
+                eng, constrained = llm.engine, arm != "free"
                 so = StructuredOutput(json_schema=schema) if constrained else None
                 params = SamplingParams(temperature=0, max_tokens=a.max_tokens, structured=so)
                 eng.timings.clear()
@@ -74,7 +78,7 @@ def main() -> None:
                     except (ValueError, jsonschema.ValidationError):
                         valid = False
                 masked = eng.sampler.masked_rows - rows0
-                rows.append(dict(method=method, constrained=constrained, tau=o.metrics.mean_accept_length,
+                rows.append(dict(method=method, arm=arm, constrained=constrained, tau=o.metrics.mean_accept_length,
                                  tokens=len(o.token_ids), rounds=o.metrics.rounds, tok_s=len(o.token_ids) / wall,
                                  finish=o.finish_reason, valid=valid, masked_rows=masked,
                                  mask_us_per_row=(eng.sampler.mask_seconds - secs0) / masked * 1e6 if masked else None,
@@ -82,9 +86,10 @@ def main() -> None:
                                  text=o.text[:200]))
     summary = {}
     for method in a.methods.split(","):
-        for constrained in (False, True):
-            rs = [r for r in rows if r["method"] == method and r["constrained"] == constrained]
-            summary[f"{method} {'schema' if constrained else 'free'}"] = dict(
+        for arm in llms:
+            constrained = arm != "free"
+            rs = [r for r in rows if r["method"] == method and r["arm"] == arm]
+            summary[f"{method} {arm}"] = dict(
                 tau=sum(r["tau"] * r["rounds"] for r in rs) / sum(r["rounds"] for r in rs),
                 median_tok_s=statistics.median(r["tok_s"] for r in rs),
                 valid=None if not constrained else f"{sum(bool(r['valid']) for r in rs)}/{len(rs)}",
@@ -92,11 +97,11 @@ def main() -> None:
                 prune_force_us_per_round=statistics.median(r["prune_force_us_per_round"] for r in rs)
                 if constrained else None)
     for k, v in summary.items():
-        print(f"{k:16s}", {n: (round(x, 2) if isinstance(x, float) else x) for n, x in v.items()})
+        print(f"{k:24s}", {n: (round(x, 2) if isinstance(x, float) else x) for n, x in v.items()})
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(host=platform.node(), summary=summary, rows=rows, args=vars(a),
-                           dtype=str(eng.dtype)), f, indent=1)
+                           dtype=str(llms["free"].engine.dtype)), f, indent=1)
 
 
 if __name__ == "__main__":

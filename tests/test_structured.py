@@ -140,6 +140,22 @@ def test_greedy_under_a_json_schema_equals_plain_decoding(llm, method):
         assert sum(taus) / len(taus) > 1
 
 
+def test_grammar_aware_drafts_pay_on_the_same_outputs(llm):
+    """Pruned, over-drafted and forced drafts against masks only (grammar_drafts=False): the same
+    greedy outputs, and tau at least as high (the pruned prefix holds every valid node of the plain
+    tree, and more)."""
+    masks_only = LLM("tiny-code", dtype="float32", compile=False, max_batch_size=8, grammar_drafts=False)
+    params = SamplingParams(temperature=0, max_tokens=96, structured=StructuredOutput(json_schema=SCHEMA))
+    on = llm.generate(PROMPTS, params, use_tqdm=False, method="ddtree", budget=8)
+    off = masks_only.generate(PROMPTS, params, use_tqdm=False, method="ddtree", budget=8)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+
+    def tau(outs):
+        taus = [t for o in outs for t in o.metrics.accept_lengths]
+        return sum(taus) / len(taus)
+    assert tau(on) > tau(off) > 1, (tau(on), tau(off))
+
+
 @pytest.mark.parametrize("so", [StructuredOutput(regex=r"(0x[0-9a-f]{2}, ){3}[A-Z][a-z]+\."),
                                 StructuredOutput(grammar='root ::= "[" item ("," item)* "]"\n'
                                                          'item ::= "x" | "yy" | [0-9]+'),

@@ -81,9 +81,9 @@ class Grammars:
             raise RequestError(self._error, so.kind)
         return _compiled(self._compiler, so)
 
-    def start(self, so: StructuredOutput) -> GrammarState:
-        """A fresh state of `so` (nothing generated yet)."""
-        return GrammarState(_xgr().GrammarMatcher(self.compile(so)), self.vocab_size)
+    def start(self, so: StructuredOutput, drafts: bool = True) -> GrammarState:
+        """A fresh state of `so` (nothing generated yet); drafts: see GrammarState.drafts."""
+        return GrammarState(_xgr().GrammarMatcher(self.compile(so)), self.vocab_size, drafts)
 
 
 def _compiled(compiler, so: StructuredOutput):
@@ -106,8 +106,9 @@ def _compiled(compiler, so: StructuredOutput):
 class GrammarState:
     """One sequence's place in its grammar: advanced by each committed token."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, drafts: bool = True):
         self.matcher, self.vocab_size = matcher, vocab_size
+        self.drafts = drafts  # the engine prunes, over-drafts and forces this sequence's drafts (False: masks only)
 
     def accept(self, token: int) -> None:
         """Advance past a committed token; one the grammar forbids is an error (a mask was skipped)."""

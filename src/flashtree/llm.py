@@ -75,7 +75,7 @@ class LLM:
                  enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int | None = None, prefill_stall: float | None = DEFAULT_PREFILL_STALL,
                  tensor_parallel_size: int = 1, precompile: str = "single", threads: int | None = None,
-                 quant: str | None = "auto"):
+                 quant: str | None = "auto", grammar_drafts: bool = True):
         if precompile not in PRECOMPILE:
             raise UserError(f"precompile must be one of {', '.join(map(repr, PRECOMPILE))}, got {precompile!r}")
         self.precompile = precompile
@@ -88,7 +88,7 @@ class LLM:
                               max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,
                               page_size=page_size, kv_cache_tokens=kv_cache_tokens,
                               max_num_batched_tokens=max_num_batched_tokens, prefill_stall=prefill_stall,
-                              threads=threads, **{k: v for k, v in (("max_ngram", max_ngram), (
+                              threads=threads, grammar_drafts=grammar_drafts, **{k: v for k, v in (("max_ngram", max_ngram), (
                                   "min_ngram", min_ngram), ("draft_len", draft_len)) if v is not None})
         if method in METHODS and needs_drafter(method) and draft is None:
             free = " or ".join(f"method='{m}'" for m in METHODS if not needs_drafter(m))

@@ -210,7 +210,8 @@ class Engine:
             raise RequestError("stop strings need a tokenizer", "stop")
         if params.structured is not None and self.grammars is None:
             raise RequestError("structured output needs the model's tokenizer", params.structured.kind)
-        grammar = None if params.structured is None else self.grammars.start(params.structured)
+        grammar = None if params.structured is None else self.grammars.start(params.structured,
+                                                                              self.config.grammar_drafts)
         seq = Sequence(req_id=self._next_id, prompt_ids=list(prompt_ids), params=params, method=method,
                        uniforms=uniforms, stop_ids=frozenset(stop_ids), block_size=shape.block_size,
                        budget=shape.budget, topk=shape.topk, auto=shape.auto, options=dict(shape.options))
@@ -296,7 +297,7 @@ class Engine:
         step); touches no sequence state, so it can be rerun."""
         drafts = self._timed("draft", self._draft, batch, depths)
         trees = self._timed("tree", self._trees, batch, drafts, depths)
-        trees = self._timed("grammar", prune_all, batch, trees)  # drafts a grammar forbids: gone before the cut
+        trees = self._timed("grammar", prune_all, batch, trees, self.config.grammar_drafts)  # before the cut
         drafted = sum(d is not None for d in drafts)
         # an n-gram chain is no drafter pass: counted as one, its microseconds became the pass's cost
         passed = sum(d is not None and self.proposers[s.method].needs_drafter for s, d in zip(batch, drafts))
@@ -304,8 +305,9 @@ class Engine:
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
         trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, passed, caught_up,  # auto: cut to size
                                      self._held())
-        trees = self._timed("grammar", force_all, batch, trees, [self._round_rows(s) for s in batch],
-                            [s.room(self.max_model_len) for s in batch])  # a grammar's forced tokens: free nodes
+        if self.config.grammar_drafts:  # a grammar's forced tokens: free nodes
+            trees = self._timed("grammar", force_all, batch, trees, [self._round_rows(s) for s in batch],
+                                [s.room(self.max_model_len) for s in batch])
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
             if t.size > self._round_rows(s):
                 raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "

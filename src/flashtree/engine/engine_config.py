@@ -52,6 +52,8 @@ class EngineConfig:
     prefill_stall: float | None = DEFAULT_PREFILL_STALL  # while others decode, a step's prefill takes at most
                                      # this many of their rounds (prefill_pacing.py); None = the row budget only
 
+    grammar_drafts: bool = True      # structured output: drafts pruned, over-drafted, forced (False: masks only)
+
     def __post_init__(self):
         if self.method not in METHODS:
             raise UserError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")

@@ -31,15 +31,18 @@ if TYPE_CHECKING:
 OVERDRAFT = 2
 
 
-def prune_all(seqs: list[Sequence], trees: list[DraftTree]) -> list[DraftTree]:
-    """Each constrained sequence's tree pruned (`prune`), then cut to its budget (in best-first
-    order a prefix is the best tree of its size); the others' as they are."""
-    return [t if s.grammar is None else prefix(prune(t, s.grammar), s.budget) for s, t in zip(seqs, trees)]
+def prune_all(seqs: list[Sequence], trees: list[DraftTree], pruning: bool = True) -> list[DraftTree]:
+    """Each constrained sequence's tree pruned (`prune`; not with pruning=False, masks only), then
+    cut to its budget (in best-first order a prefix is the best tree of its size); the others' as
+    they are."""
+    return [t if s.grammar is None else prefix(prune(t, s.grammar) if pruning else t, s.budget)
+            for s, t in zip(seqs, trees)]
 
 
 def drafted_nodes(seq: Sequence) -> int:
-    """How many nodes seq's method drafts this round: its budget, OVERDRAFT times it under a grammar."""
-    return seq.budget * (OVERDRAFT if seq.grammar is not None else 1)
+    """How many nodes seq's method drafts this round: its budget, OVERDRAFT times it under a grammar
+    whose drafts are pruned."""
+    return seq.budget * (OVERDRAFT if seq.grammar is not None and seq.grammar.drafts else 1)
 
 
 def force_all(seqs: list[Sequence], trees: list[DraftTree], rows: list[int], depths: list[int]) -> list[DraftTree]:
