@@ -52,6 +52,7 @@ class RequestOutput:
     finish_reason: str
     metrics: RequestMetrics
     logprobs: list[TokenLogprob] | None = None  # one per token id when SamplingParams.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first: None)
 
 
 def freeze_heap(owner) -> None:
@@ -202,7 +203,8 @@ class LLM:
     def _output(self, prompt, seq: Sequence) -> RequestOutput:
         return RequestOutput(prompt=prompt, text=self.text_of(seq), token_ids=list(seq.output_ids),
                              finish_reason=seq.finish_reason, metrics=seq.metrics,
-                             logprobs=None if seq.logprobs is None else list(seq.logprobs))
+                             logprobs=None if seq.logprobs is None else list(seq.logprobs),
+                             prompt_logprobs=None if seq.prompt_logprobs is None else list(seq.prompt_logprobs))
 
     # ------------------------------------------------------------------ API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,

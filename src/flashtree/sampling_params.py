@@ -71,6 +71,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k: each output token's log-probability and the k likeliest there
+    prompt_logprobs: int | None = None  # None: off; k: the same for each prompt token after the first
     # logit processors (logit_processors.py), applied along each tree node's own path
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     min_tokens: int = 0          # stop ids are impossible until this many tokens are generated
@@ -118,6 +119,9 @@ class SamplingParams:
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be None (off) or an integer in [0, {MAX_LOGPROBS}]: the alternatives listed "
                             "beside each token's own log-probability")
+        if self.prompt_logprobs is not None and (isinstance(self.prompt_logprobs, bool) or not isinstance(
+                self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            bad("prompt_logprobs", f"must be None (off) or an integer in [0, {MAX_LOGPROBS}]")
         for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):

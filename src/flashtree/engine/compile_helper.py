@@ -149,3 +149,28 @@ def compile_buckets(runner, buckets: list[Bucket], progress: bool, helper) -> No
     log.info("compiled %d graphs (%s) in %.1f s%s", len(buckets),
              ", ".join(f"{m} batch {'1' if b == 1 else '>1'} x {'1' if t == 1 else '>1'}" for m, b, t in buckets),
              secs, f" ({len(theirs)} in a helper process)" if running is not None else "")
+
+
+def warm(runner, limits, config: EngineConfig, progress: bool, batched: bool, helper, background) -> bool:
+    """`Engine.warmup`'s work: compile (or load) the runner's graphs for the engine's shapes. Returns
+    whether the batch graphs are built (False: batches run eager until the helper wrote them)."""
+    if not runner.compiled:
+        return True
+    lim = limits
+    tokens = max([lim.default_block_size, lim.nodes_of(lim.default_budget) + 1, config.draft_len + 1])
+    # torch.compile (CUDA) traces without dynamic marks once warm: there every graph compiles now
+    built = batched or not runner.aot
+    batch = config.max_batch_size if built else 1
+    buckets = runner.buckets(batch, tokens, lim.default_block_size)
+    compile_buckets(runner, buckets, progress, helper)
+    if background is None or built or config.max_batch_size == 1:
+        return built
+    rest = [b for b in runner.buckets(config.max_batch_size, tokens, lim.default_block_size) if b not in buckets]
+    missing = runner.uncached(rest)  # (the ones on disk load now)
+    running = background(missing) if missing else None
+    if running is not None:
+        runner.defer(running)
+        log.info("batches run eager until the helper has compiled their %d graphs", len(missing))
+        return False
+    compile_buckets(runner, missing, progress, None)
+    return True

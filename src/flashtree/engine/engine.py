@@ -151,27 +151,8 @@ class Engine:
         meanwhile; they load from the cache after. `background` (a starter too, batched=False):
         the batch graphs not on disk compile in a helper started now, and batches run eager until
         it has written them (ModelRunner.defer); with no helper to start they compile now."""
-        if not self.runner.compiled:
-            return
-        lim = self.limits
-        tokens = max([lim.default_block_size, lim.nodes_of(lim.default_budget) + 1, self.config.draft_len + 1])
-        # torch.compile (CUDA) traces without dynamic marks once warm: there every graph compiles now
-        self.batch_graphs_built = batched or not self.runner.aot
-        batch = self.config.max_batch_size if self.batch_graphs_built else 1
-        buckets = self.runner.buckets(batch, tokens, lim.default_block_size)
-        compile_helper.compile_buckets(self.runner, buckets, progress, helper)
-        if background is None or self.batch_graphs_built or self.config.max_batch_size == 1:
-            return
-        rest = [b for b in self.runner.buckets(self.config.max_batch_size, tokens, lim.default_block_size)
-                if b not in buckets]
-        missing = self.runner.uncached(rest)  # (the ones on disk load now)
-        running = background(missing) if missing else None
-        if running is not None:
-            self.runner.defer(running)
-            log.info("batches run eager until the helper has compiled their %d graphs", len(missing))
-        else:
-            compile_helper.compile_buckets(self.runner, missing, progress, None)
-            self.batch_graphs_built = True
+        self.batch_graphs_built = compile_helper.warm(self.runner, self.limits, self.config, progress, batched,
+                                                      helper, background)
 
     @property
     def waiting(self) -> deque[Sequence]:
@@ -217,6 +198,7 @@ class Engine:
                        budget=shape.budget, topk=shape.topk, auto=shape.auto, options=dict(shape.options))
         seq.metrics.prompt_tokens = len(prompt_ids)
         seq.logprobs, seq.grammar = None if params.logprobs is None else [], grammar
+        seq.prompt_logprobs = None if params.prompt_logprobs is None else [None]  # the first token has none
         self._next_id += 1
         self.waiting.append(seq)
         return seq
@@ -423,23 +405,39 @@ class Engine:
         self.round_times.add(name, dt)
         return out
 
-    def _prefill(self, seqs: list[Sequence]) -> list[tuple[int, list | None] | None]:
+    def _prefill(self, seqs: list[Sequence]) -> list[tuple[tuple[int, list | None] | None, list | None]]:
         """The next `chunk` tokens of each sequence's `cache_ids`, after its `prefilled` ones, in one
         forward; a sequence whose prefill completes draws its first token (unless it is a preempted
-        one coming back: its last token is already drawn). Returns each sequence's drawn token (and
-        its logprobs where asked) or None; touches no sequence state (the forward's K/V rows are the same on a rerun), so it
-        can be rerun per sequence (see _isolated)."""
-        ids, pos, start, vis, last = pack_prefill([s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs],
-                                                  [s.prefilled for s in seqs], self.device)
+        one coming back: its last token is already drawn). Returns per sequence its drawn token (and
+        its logprobs where asked) or None, and where it asks for prompt logprobs those of its
+        chunk's prompt tokens (the row before each). Touches no sequence state (the forward's K/V
+        rows are the same on a rerun), so it can be rerun per sequence (see _isolated)."""
+        chunks = [s.cache_ids[s.prefilled:s.prefilled + s.chunk] for s in seqs]
+        ids, pos, start, vis, last = pack_prefill(chunks, [s.prefilled for s in seqs], self.device)
+        T, whole = ids.shape[1], [s.wants_prompt_rows for s in seqs]  # whole: every row's logits kept
+        kept = [list(range(b * T, b * T + len(c))) if w else [b * T + len(c) - 1]
+                for b, (c, w) in enumerate(zip(chunks, whole))]
+        if any(whole):
+            last = torch.tensor([i for k in kept for i in k], device=self.device)
         logits = self.runner.run_target(ids, pos, [s.slot for s in seqs], start, vis, last)
+        ends = np.cumsum([len(k) for k in kept])
+        lasts = logits[torch.as_tensor(ends - 1, device=logits.device)] if any(whole) else logits   # [B, V]
         fresh = [b for b, s in enumerate(seqs) if s.prefilled + s.chunk == len(s.cache_ids) and not s.output_ids]
-        firsts: list[tuple[int, list | None] | None] = [None] * len(seqs)
-        for b, tok in zip(fresh, self.sampler.first([seqs[b] for b in fresh], logits[fresh]) if fresh else []):
+        out: list[tuple[tuple[int, list | None] | None, list | None]] = [(None, None)] * len(seqs)
+        for b, tok in zip(fresh, self.sampler.first([seqs[b] for b in fresh], lasts[fresh]) if fresh else []):
             asked = seqs[b].params.logprobs
-            firsts[b] = tok, None if asked is None else self.sampler.logprobs(logits[b:b + 1], [tok], asked)
-        return firsts
+            out[b] = (tok, None if asked is None else self.sampler.logprobs(lasts[b:b + 1], [tok], asked)), None
+        for b, s in enumerate(seqs):  # row j (position prefilled + j) predicts prompt token prefilled + j + 1
+            lo = max(len(s.prompt_logprobs or ()), s.prefilled + 1)  # its first prompt token without an entry
+            hi = min(s.prefilled + s.chunk + 1, len(s.prompt_ids))
+            if whole[b] and hi > lo:
+                row = ends[b] - len(kept[b]) - s.prefilled - 1        # + token index = its row
+                out[b] = out[b][0], self.sampler.logprobs(logits[row + lo:row + hi], s.prompt_ids[lo:hi],
+                                                          s.params.prompt_logprobs)
+        return out
 
-    def _commit_prefill(self, seqs: list[Sequence], firsts: list[tuple[int, list | None] | None]) -> None:
+    def _commit_prefill(self, seqs: list[Sequence], done: list[tuple[tuple[int, list | None] | None, list | None]]
+                        ) -> None:
         """Advance each prefilled sequence past its chunk, name its full pages, write its drafter
         context and emit its first token. Each sequence stands alone: one that fails here is
         finished with "error" while the forward stands for the others (rerunning it would
@@ -457,7 +455,9 @@ class Engine:
         if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
             self._isolated(lambda part: self._write_drafter_context([(s, s.length - s.chunk, s.length) for s in part]),
                            [s for s in kept if self._keeps_drafter_context(s)])
-        for s, first in zip(seqs, firsts):
+        for s, (first, prompt) in zip(seqs, done):
+            if prompt is not None:
+                s.prompt_logprobs.extend(prompt)
             if first is None or s.finished or not self._drew_token(s, first[0]):
                 continue
             s.metrics.ttft_s = time.perf_counter() - s.t_start

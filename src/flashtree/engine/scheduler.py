@@ -105,7 +105,8 @@ class Scheduler:
             return False
         ids = s.cache_ids
         slot = b.allocate()
-        pages, names = b.match(ids, self.match_drafted)
+        # (a prompt whose logprobs are asked for is computed whole: an adopted page has no logits)
+        pages, names = b.match(ids, self.match_drafted) if not s.wants_prompt_rows else ([], [])
         hit = b.adopt(slot, pages, names)
         if not b.reserve(slot, len(ids) + self.round_rows(s)):
             b.free(slot)

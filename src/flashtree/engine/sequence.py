@@ -104,6 +104,12 @@ class Sequence:
     emitted: int = 0                  # output tokens already reported by Engine.step
     logprobs: list[TokenLogprob] | None = None  # one per output token when params.logprobs is set
     grammar: GrammarState | None = None  # params.structured's state after output_ids
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # params.prompt_logprobs: per prompt token (0: None)
+
+    @property
+    def wants_prompt_rows(self) -> bool:
+        """Its prefill keeps every row's logits: it asks for prompt logprobs it has not all got."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids)
 
     @property
     def bonus(self) -> int:

@@ -26,7 +26,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 
 import uvicorn
@@ -37,7 +36,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine.sequence import tau_histogram
 from ..errors import QueueFullError, RequestError
 from .async_engine import (
     SHUTTING_DOWN,
@@ -53,26 +51,15 @@ from .limits import ServerLimits
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import (
     APIError,
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     ModelCard,
     ModelList,
-    SpecUsage,
-    Usage,
-    chat_logprobs,
-    completion_logprobs,
     describe,
     parse_request,
 )
+from .replies import Format, usage
 from .tools import read_calls
 
 log = logging.getLogger("flashtree.server")
@@ -247,7 +234,7 @@ class OpenAIServer:
                 self.engine.abort(channel)
         return waiter.result() if waiter in done else None
 
-    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: _Format, usage_of):
+    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: Format, usage_of):
         """SSE events: per-choice text deltas, finish reasons, optional usage, then [DONE]."""
         deltas = [TextDelta(stop) for _ in range(n)]
         finals: list[Update | None] = [None] * n
@@ -257,6 +244,8 @@ class OpenAIServer:
             for i in range(n):
                 if (head := fmt.head(i)) is not None:
                     yield _sse(head)
+                if fmt.echo:  # the prompt first (its logprobs are refused with stream: parse_request)
+                    yield _sse(fmt.chunk(i, self.tokenizer.decode(fmt.echo[i]), None))
             while None in finals:
                 u = await channel.get()
                 if u.finish_reason in ("error", "timeout"):
@@ -294,11 +283,12 @@ class OpenAIServer:
         mode = req.tool_mode() if kind == "chat" else None
         calls = None if mode is None else \
             (lambda text, done: read_calls(text, mode, self.tokenizer.hermes_tool_calls, done))
-        fmt = _Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls)
+        fmt = Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls,
+                      sub.prompts if getattr(req, "echo", None) else None, self.tokenizer.decode)
         channel = await self.submit(sub, req.field_of)
         n = len(sub.prompts)
         prompt_tokens = sum(len(p) for p in prompts)
-        usage_of = lambda finals: _usage(prompt_tokens, finals)
+        usage_of = lambda finals: usage(prompt_tokens, finals)
         if req.stream:
             include = req.stream_options is not None and req.stream_options.include_usage
             return StreamingResponse(self.stream(channel, n, sub.params[0].stop, fmt, usage_of if include else None),
@@ -362,68 +352,6 @@ def _load_worker_tokenizer(path: str) -> None:
 
 def _encode_in_worker(kind: str, payload):
     return _encode(_WORKER_TOKENIZER, kind, payload)
-
-
-class _Format:
-    """OpenAI response and chunk shapes of one endpoint ("chat" or "text")."""
-    __slots__ = ("kind", "model", "id", "created", "token_text", "calls")
-
-    def __init__(self, kind: str, model: str, token_text=None, calls=None):
-        self.kind, self.model, self.created = kind, model, int(time.time())
-        self.token_text = token_text  # a token id's own text (logprobs)
-        self.calls = calls  # (text, finished) -> (content, tool_calls): a chat with tools (server/tools.py)
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-
-    def _envelope(self):
-        return dict(id=self.id, created=self.created, model=self.model)
-
-    def head(self, index: int):
-        if self.kind != "chat":
-            return None
-        return ChatCompletionChunk(**self._envelope(), choices=[ChatChunkChoice(
-            index=index, delta=ChatDelta(role="assistant", content=""))])
-
-    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs=(), offset: int = 0):
-        """One choice's delta; `logprobs`: its tokens' entries not sent yet, whose text starts at
-        character `offset` of the choice's (completions' text_offset)."""
-        if self.kind == "chat":
-            return ChatCompletionChunk(**self._envelope(), choices=[ChatChunkChoice(
-                index=index, delta=ChatDelta(content=text or None), finish_reason=finish_reason,
-                logprobs=chat_logprobs(logprobs, self.token_text))])
-        return Completion(**self._envelope(), choices=[CompletionChoice(
-            index=index, text=text, finish_reason=finish_reason,
-            logprobs=completion_logprobs(logprobs, self.token_text, offset))])
-
-    def _choice(self, u: Update) -> ChatChoice:
-        content, calls = (u.text, None) if self.calls is None else self.calls(u.text, u.finish_reason == "stop")
-        return ChatChoice(index=u.index, message=AssistantMessage(content=content, tool_calls=calls),
-                          finish_reason="tool_calls" if calls else u.finish_reason,
-                          logprobs=chat_logprobs(u.logprobs, self.token_text))
-
-    def usage_chunk(self, usage: Usage):
-        cls = ChatCompletionChunk if self.kind == "chat" else Completion
-        return cls(**self._envelope(), choices=[], usage=usage)
-
-    def response(self, finals: list[Update], usage: Usage):
-        if self.kind == "chat":
-            return ChatCompletion(**self._envelope(), usage=usage, choices=[self._choice(u) for u in finals])
-        return Completion(**self._envelope(), usage=usage, choices=[CompletionChoice(
-            index=u.index, text=u.text, finish_reason=u.finish_reason,
-            logprobs=completion_logprobs(u.logprobs, self.token_text)) for u in finals])
-
-
-def _usage(prompt_tokens: int, finals: list[Update]) -> Usage:
-    completion = sum(u.num_tokens for u in finals)
-    taus = [t for u in finals if u.metrics for t in u.metrics.accept_lengths]
-    hist = tau_histogram(taus, max((u.block_size for u in finals if u.metrics), default=1))
-    budgets = [n for u in finals if u.metrics for n in u.metrics.budgets]
-    predicted = [p for u in finals if u.metrics for p in u.metrics.predicted_taus]
-    spec = SpecUsage(rounds=len(taus), mean_accept_length=sum(taus) / len(taus) if taus else 0.0,
-                     accept_length_histogram=hist, topk=finals[0].topk if finals else None,
-                     budget_histogram={str(n): budgets.count(n) for n in sorted(set(budgets))} if budgets else None,
-                     mean_predicted_accept_length=sum(predicted) / len(predicted) if predicted else None)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
-                 total_tokens=prompt_tokens + completion, spec=spec)
 
 
 def _early_end(u: Update, retry_after_s: int) -> APIError:

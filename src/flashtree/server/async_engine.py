@@ -43,6 +43,7 @@ class Update:
     error: str | None = None   # why a choice ended early ("error", "timeout", "abort" at shutdown)
     topk: int | None = None    # the ddtree branching cap the choice ran with
     logprobs: tuple = ()       # TokenLogprobs: the new tokens' while running; every token's when finished
+    prompt_logprobs: tuple = ()  # finished: the prompt's (SamplingParams.prompt_logprobs; the first token's None)
 
 
 class TextDelta:
@@ -366,7 +367,7 @@ class AsyncEngine:
                  m.mean_accept_length, m.rounds)
         text = self.llm.text_of(seq) if reason in ("stop", "length") else ""
         live.channel.put(Update(live.index, text, len(seq.output_ids), reason, m, seq.block_size, error, seq.topk,
-                                tuple(seq.logprobs or ())))
+                                tuple(seq.logprobs or ()), tuple(seq.prompt_logprobs or ())))
 
     def _abort_all(self, reason: str, error: str | None = None) -> None:
         for seq in list(self._live):

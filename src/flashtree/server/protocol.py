@@ -147,7 +147,7 @@ MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs cap (OpenAI's; chat's t
 # OpenAI parameters flashtree does not implement, with the values that mean "off".
 _NO_OP = {
     "functions": (None, []), "function_call": (None, "none"),
-    "suffix": (None, ""), "echo": (None, False),
+    "suffix": (None, ""),
     "best_of": (None, 1), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "reasoning_effort": (None,), "web_search_options": (None,),
 }
@@ -237,6 +237,10 @@ class _Sampling(_Strict):
         """How many alternatives each token's logprobs list (None: no logprobs)."""
         return None
 
+    def prompt_logprobs_asked(self) -> int | None:
+        """The same for the prompt's tokens (completions' echo)."""
+        return None
+
     def token_biases(self) -> dict[int, float] | None:
         """logit_bias with integer token ids; a key that is not one is a 400."""
         if not self.logit_bias:
@@ -267,6 +271,7 @@ class _Sampling(_Strict):
                 min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=seed, stop=self.stop or None,
                 stop_token_ids=self.stop_token_ids, ignore_eos=bool(self.ignore_eos),
                 logprobs=self.top_logprobs_asked(), logit_bias=self.token_biases(),
+                prompt_logprobs=self.prompt_logprobs_asked(),
                 presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 min_tokens=self.min_tokens or 0, structured=self.structured())
@@ -346,8 +351,11 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: Any = None
-    echo: Any = None
+    echo: bool | None = None   # the prompt before the completion (with logprobs: its tokens' too, the first's null)
     best_of: Any = None
+
+    def prompt_logprobs_asked(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
@@ -385,6 +393,9 @@ def parse_request(cls: type[_Sampling], body: bytes) -> _Sampling:
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true (the alternatives are listed beside each token's "
                             "own log-probability)", param="top_logprobs")
+    if isinstance(req, CompletionRequest) and req.echo and req.stream and req.logprobs is not None:
+        raise APIError(400, "echo with logprobs is not supported with stream yet: set stream to false, or drop "
+                            "logprobs", param="echo")
     if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
         raise APIError(400, "stop_token_ids must be non-negative token ids", param="stop_token_ids")
     return req
@@ -434,8 +445,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]         # None: an echoed prompt's first token (nothing before it)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -533,6 +544,25 @@ def completion_logprobs(entries, token_text, offset: int = 0) -> CompletionLogpr
     return CompletionLogprobs(tokens=tokens, token_logprobs=[e.logprob for e in entries],
                               top_logprobs=[{token_text(t): v for t, v in e.top} for e in entries],
                               text_offset=starts)
+
+
+def echoed(prompt_ids: list[int], prompt_entries, text: str, entries, token_text, decode
+           ) -> tuple[str, CompletionLogprobs | None]:
+    """A completion choice with its prompt echoed before it: the text, and with logprobs the prompt's
+    tokens' entries first (`prompt_entries`: the first token's None) then the completion's."""
+    if not prompt_entries:
+        return decode(prompt_ids) + text, None
+    head = CompletionLogprobs(tokens=[token_text(t) for t in prompt_ids],
+                              token_logprobs=[None] + [e.logprob for e in prompt_entries[1:]],
+                              top_logprobs=[None] + [{token_text(t): v for t, v in e.top} for e in prompt_entries[1:]],
+                              text_offset=[])
+    for t in head.tokens:
+        head.text_offset.append(head.text_offset[-1] + len(t) if head.text_offset else 0)
+    tail = completion_logprobs(entries, token_text, sum(map(len, head.tokens)))
+    if tail is not None:
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            getattr(head, name).extend(getattr(tail, name))
+    return "".join(head.tokens[:len(prompt_ids)]) + text, head
 
 
 # ------------------------------------------------------------------------------------ OpenAPI
