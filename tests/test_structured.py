@@ -186,7 +186,9 @@ def pair():
 
 @pytest.mark.parametrize("method, budget, temperature, regex", [
     ("ddtree", 6, 0.6, TOY_REGEX), ("ddtree", 6, 1.0, TOY_REGEX), ("dflash", None, 0.6, TOY_REGEX),
-    ("dflash", None, 1.0, TOY_REGEX), ("ddtree", 6, 1.0, PAIRS)])
+    ("dflash", None, 1.0, TOY_REGEX), ("ddtree", 6, 1.0, PAIRS),
+    pytest.param("hybrid", 6, 1.0, TOY_REGEX, marks=pytest.mark.slow),
+    pytest.param("ngram", None, 0.6, TOY_REGEX, marks=pytest.mark.slow)])
 def test_sampled_output_has_the_masked_targets_distribution(pair, toy, method, budget, temperature, regex):
     params = SamplingParams(temperature=temperature, structured=StructuredOutput(regex=regex))
     cell = Cell(method, budget, params, n=20_000)
