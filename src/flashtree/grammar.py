@@ -109,9 +109,11 @@ class GrammarState:
     def __init__(self, matcher, vocab_size: int, drafts: bool = True):
         self.matcher, self.vocab_size = matcher, vocab_size
         self.drafts = drafts  # the engine prunes, over-drafts and forces this sequence's drafts (False: masks only)
+        self._last = None  # (tree key, its masks): the last tree_masks answer while the state stands
 
     def accept(self, token: int) -> None:
         """Advance past a committed token; one the grammar forbids is an error (a mask was skipped)."""
+        self._last = None
         if not self.matcher.accept_token(int(token)):
             raise RuntimeError(f"token {token} breaks the request's grammar")
 
@@ -132,6 +134,14 @@ class GrammarState:
         return out.numpy()
 
     def tree_masks(self, tokens: list[int], parents: list[int]) -> np.ndarray:
+        """See `_tree_masks`; the last tree's are kept until the state moves (a round's final tree
+        is masked when its forced tokens settle, then again by the sampler)."""
+        key = (tuple(tokens), tuple(parents))
+        if self._last is None or self._last[0] != key:
+            self._last = key, self._tree_masks(tokens, parents)
+        return self._last[1]
+
+    def _tree_masks(self, tokens: list[int], parents: list[int]) -> np.ndarray:
         """[n, W] the tokens allowed after each node of a draft tree (nodes parents first, node 0 the
         root: the last committed token, already accepted): row i after the path of node i's
         ancestors below the root and i itself. A node the grammar forbids, and every node below it,
@@ -172,11 +182,16 @@ def forced(mask: np.ndarray, vocab_size: int) -> int | None:
 
 
 def apply_masks(logits: torch.Tensor, masks: np.ndarray) -> None:
-    """Set the logits [n, V] (float32, in place) of every token its row's mask [n, W] forbids to -inf.
-    A row that allows nothing is left as it is: its node follows the grammar's stop token, where the
-    output ends, so its draw is never emitted (and must not read as "no valid token")."""
+    """Set the logits [n, V] (float32, contiguous rows, in place) of every token its row's mask
+    [n, W] forbids to -inf. A row that allows nothing is left as it is: its node follows the
+    grammar's stop token, where the output ends, so its draw is never emitted (and must not read as
+    "no valid token"). On the CPU one numpy `copyto` over the forbidden bits: 180 µs for 16 rows of
+    49,152 where torch's `masked_fill_` took 430 (benchmarks/structured_2026-12-06)."""
     V = logits.shape[-1]
-    bits = np.unpackbits(np.ascontiguousarray(masks, dtype=np.int32).view(np.uint8), axis=-1,
-                         bitorder="little")[:, :V]                                    # [n, V] 0/1
-    bits[~bits.any(axis=-1)] = 1
-    logits.masked_fill_(torch.from_numpy(bits).to(logits.device) == 0, float("-inf"))
+    masks = np.ascontiguousarray(masks, dtype=np.int32)
+    banned = np.unpackbits((~masks).view(np.uint8), axis=-1, bitorder="little")[:, :V].view(np.bool_)  # [n, V]
+    banned[~masks.any(axis=-1)] = False
+    if logits.device.type == "cpu":
+        np.copyto(logits.numpy(), -np.inf, where=banned)
+    else:
+        logits.masked_fill_(torch.from_numpy(banned).to(logits.device), float("-inf"))

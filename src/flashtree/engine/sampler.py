@@ -75,7 +75,7 @@ class Sampler:
         a constrained sequence's rows are masked to what its grammar allows after the same paths."""
         if not any(logit_processors.adjusts(s.params) or s.grammar is not None for s in seqs):
             return logits
-        out = logits.float().clone()
+        out = logits.float() if logits.dtype != torch.float32 else logits.clone()  # a copy either way
         for b, (s, (lo, hi)) in enumerate(zip(seqs, spans)):
             if s.grammar is not None:
                 t0 = time.perf_counter()
