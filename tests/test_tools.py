@@ -82,6 +82,17 @@ def test_required_calls_parse_and_validate(client, method):
     assert call.id.startswith("call_") and call.type == "function"
 
 
+def test_streamed_calls_arrive_as_one_delta_equal_to_the_reply(client):
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              temperature=0, max_tokens=96)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    calls = [t for c in chunks for t in (c.choices[0].delta.tool_calls or ())]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == whole.function.name
+    assert calls[0].function.arguments == whole.function.arguments and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks)
+
+
 def test_a_named_function_and_sampled_calls(client):
     for seed in range(3):
         r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, temperature=0.9, seed=seed,
@@ -121,7 +132,6 @@ def test_an_agent_round_trip(server, client):
 
 @pytest.mark.parametrize("body, match", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools"),
-    ({"tool_choice": "required", "stream": True}, "streamed tool calls are not supported"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "at most one output constraint"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
 ])

@@ -144,7 +144,7 @@ class OpenAIServer:
         if not req.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
         messages = [m.for_template() for m in req.messages]
-        tools = req.template_tools(self.tokenizer.renders_tools, self.tokenizer.hermes_tool_calls)
+        tools = req.template_tools(self.tokenizer.renders_tools)
         size = sum(len(m["content"]) for m in messages) + len(json.dumps(tools or []))
         self.check_prompt_size("".join(m["content"] for m in messages), "messages")
         try:
@@ -252,6 +252,11 @@ class OpenAIServer:
                     yield _sse_json(_early_end(u, self.limits.retry_after_s).body())
                     return
                 done = u.finish_reason is not None
+                if fmt.calls is not None:  # calls are read from the whole reply: it goes out in one delta
+                    if done:
+                        finals[u.index] = u
+                        yield _sse(fmt.final_chunk(u))
+                    continue
                 text = deltas[u.index].push(u.text, done)
                 pending[u.index] = list(u.logprobs[sent[u.index]:]) if done else pending[u.index] + list(u.logprobs)
                 if done:
@@ -281,8 +286,9 @@ class OpenAIServer:
             prompts, param = await self.completion_prompts(req), "prompt"
         sub = self.submission(req, prompts, param)
         mode = req.tool_mode() if kind == "chat" else None
-        calls = None if mode is None else \
-            (lambda text, done: read_calls(text, mode, self.tokenizer.hermes_tool_calls, done))
+        hermes = self.tokenizer.hermes_tool_calls  # (a reply whose calls are not read back streams as text)
+        calls = None if mode in (None, "none") or (mode == "auto" and not hermes) else \
+            (lambda text, done: read_calls(text, mode, hermes, done))
         fmt = Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls,
                       sub.prompts if getattr(req, "echo", None) else None, self.tokenizer.decode)
         channel = await self.submit(sub, req.field_of)

@@ -324,18 +324,15 @@ class ChatCompletionRequest(_Sampling):
             return c.function.name
         return c or "auto"
 
-    def template_tools(self, renders: Callable[[], bool], hermes: bool) -> list[dict] | None:
+    def template_tools(self, renders: Callable[[], bool]) -> list[dict] | None:
         """The tools as the chat template reads them (None: none asked). A 400 where the template
-        does not render tools (`renders()`: whether it does), or where the calls would stream (a
-        constrained reply, or "auto" where `hermes` calls are read back)."""
+        does not render tools (`renders()`: whether it does)."""
         mode = self.tool_mode()
         if mode is None:
             return None
         if not renders():
             raise APIError(400, "this model's chat template does not render tools, so the model cannot be told "
                                 "about them; send the tools in a message instead", param="tools")
-        if self.stream and mode != "none" and (mode != "auto" or hermes):
-            raise APIError(400, "streamed tool calls are not supported yet: set stream to false", param="stream")
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def tools_schema(self) -> dict | None:
@@ -466,9 +463,14 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class ToolCallDelta(ToolCall):
+    index: int   # the call's place among the reply's calls (OpenAI's stream shape)
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -18,6 +18,7 @@ from .protocol import (
     Completion,
     CompletionChoice,
     SpecUsage,
+    ToolCallDelta,
     Usage,
     chat_logprobs,
     completion_logprobs,
@@ -55,6 +56,15 @@ class Format:
         return Completion(**self._envelope(), choices=[CompletionChoice(
             index=index, text=text, finish_reason=finish_reason,
             logprobs=completion_logprobs(logprobs, self.token_text, offset))])
+
+    def final_chunk(self, u: Update):
+        """A chat reply whose calls are read back, streamed as one delta once it is done: its
+        tool_calls (or its text, where it made none), the finish reason and every logprob."""
+        c = self._choice(u)
+        calls = [ToolCallDelta(index=i, **t.model_dump()) for i, t in enumerate(c.message.tool_calls or ())]
+        return ChatCompletionChunk(**self._envelope(), choices=[ChatChunkChoice(
+            index=u.index, delta=ChatDelta(content=c.message.content, tool_calls=calls or None),
+            finish_reason=c.finish_reason, logprobs=c.logprobs)])
 
     def _choice(self, u: Update) -> ChatChoice:
         content, calls = (u.text, None) if self.calls is None else self.calls(u.text, u.finish_reason == "stop")
