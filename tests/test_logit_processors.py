@@ -58,6 +58,24 @@ def test_the_processors_follow_their_rule():
     assert not logit_processors.adjusts(SamplingParams())
 
 
+def test_rows_at_once_equal_one_row_at_a_time():
+    """apply_rows (every tree node's row in a few ops) against apply per row, on random paths that
+    repeat tokens of the output and of themselves."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        params = SamplingParams(max_tokens=20, min_tokens=int(torch.randint(0, 8, (1,), generator=g)), **PROCESSED)
+        prompt = torch.randint(0, 40, (5,), generator=g).tolist()
+        generated = torch.randint(0, 40, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist()
+        paths = [torch.randint(0, 40, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(6)]
+        logits = torch.randn(6, 40, generator=g) * 3
+        want = logits.clone()
+        for i, p in enumerate(paths):
+            logit_processors.apply(want[i], params, prompt, generated + p, frozenset({3, 9}))
+        logit_processors.apply_rows(logits, params, prompt, generated, paths, frozenset({3, 9}))
+        assert torch.allclose(logits, want, atol=1e-5), (paths, generated)
+
+
 @pytest.fixture(scope="module")
 def llm():
     return LLM("tiny-code", dtype="float32", compile=False, max_batch_size=8)

@@ -85,9 +85,9 @@ class Sampler:
                     self.mask_seconds + time.perf_counter() - t0
             if not logit_processors.adjusts(s.params):
                 continue
-            for i in range(hi - lo):
-                path = [] if vin is None else vin.tokens[b, np.flatnonzero(vin.vis[b, i])[1:]].tolist()
-                logit_processors.apply(out[lo + i], s.params, s.prompt_ids, s.output_ids + path, s.stop_ids)
+            paths = [[] if vin is None else vin.tokens[b, np.flatnonzero(vin.vis[b, i])[1:]].tolist()
+                     for i in range(hi - lo)]
+            logit_processors.apply_rows(out[lo:hi], s.params, s.prompt_ids, s.output_ids, paths, s.stop_ids)
         return out
 
     def draws(self, batch: list[Sequence], vin: VerifyInput, logits: torch.Tensor) -> np.ndarray:
