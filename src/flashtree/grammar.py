@@ -134,12 +134,20 @@ class GrammarState:
         return out.numpy()
 
     def tree_masks(self, tokens: list[int], parents: list[int]) -> np.ndarray:
-        """See `_tree_masks`; the last tree's are kept until the state moves (a round's final tree
-        is masked when its forced tokens settle, then again by the sampler)."""
-        key = (tuple(tokens), tuple(parents))
-        if self._last is None or self._last[0] != key:
-            self._last = key, self._tree_masks(tokens, parents)
+        """See `_tree_masks`; the last tree's are kept until the state moves, and serve it and its
+        prefixes (a round's tree is masked when pruned, cut to size, when its forced tokens settle,
+        and by the sampler)."""
+        n, key = len(tokens), (tuple(tokens), tuple(parents[1:]))  # (a root's parent: -1 in a tree, 0 packed)
+        if self._last is not None:
+            (tokens_, parents_), masks = self._last
+            if tokens_[:n] == key[0] and parents_[:n - 1] == key[1]:  # that tree or a prefix of it (a size cut)
+                return masks[:n]
+        self._last = key, self._tree_masks(tokens, parents)
         return self._last[1]
+
+    def remember(self, tokens: list[int], parents: list[int], masks: np.ndarray) -> None:
+        """Keep `masks` as this tree's (a subtree of the last tree: its nodes' rows, same paths)."""
+        self._last = (tuple(tokens), tuple(parents[1:])), masks
 
     def _tree_masks(self, tokens: list[int], parents: list[int]) -> np.ndarray:
         """[n, W] the tokens allowed after each node of a draft tree (nodes parents first, node 0 the

@@ -54,7 +54,23 @@ def prune(tree: DraftTree, state: GrammarState) -> DraftTree:
     """`tree` (nodes parents first) without the nodes `state`'s grammar forbids, nor their subtrees."""
     if tree.size == 1:
         return tree
-    return _pass(tree, state.tree_masks(tree.tokens, tree.parents), state.vocab_size, tree.size, 0) or tree
+    masks = state.tree_masks(tree.tokens, tree.parents)
+    out = _pass(tree, masks, state.vocab_size, tree.size, 0)
+    if out is None:
+        return tree
+    state.remember(out.tokens, out.parents, masks[_kept(tree, out)])  # a kept node's path is unchanged
+    return out
+
+
+def _kept(tree: DraftTree, pruned: DraftTree) -> list[int]:
+    """The nodes of `tree` that `pruned` (a pruning of it, nodes in the same order) kept."""
+    out, j = [], 0
+    for i in range(tree.size):
+        if j < pruned.size and tree.tokens[i] == pruned.tokens[j] and \
+                (j == 0 or out[pruned.parents[j]] == tree.parents[i]):
+            out.append(i)
+            j += 1
+    return out
 
 
 def force(tree: DraftTree, state: GrammarState, rows: int, depth: int) -> DraftTree:
