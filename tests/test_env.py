@@ -180,6 +180,8 @@ def test_env_lists_every_switch_and_hides_the_api_key(pair, capsys, monkeypatch)
     assert main(["env", "--model", str(target), "--draft", str(draft)]) == 0
     text = capsys.readouterr().out
     assert "sk-very-secret" not in text and "FLASHTREE_DRAFT_VOCAB" in text
+    # an on-by-default switch says whether it is on, not its off meaning as if it were the state
+    assert "FLASHTREE_COMPILE_HELPER 'off' = off; set to 0" in text and "FLASHTREE_CPU_KERNEL   unset = on;" in text
     for spelling, off in (("0", True), ("False", True), (" no ", True), ("OFF", True), ("1", False), ("", False)):
         monkeypatch.setenv("FLASHTREE_COMPILE_HELPER", spelling)
         assert switches.is_off("FLASHTREE_COMPILE_HELPER") is off, spelling

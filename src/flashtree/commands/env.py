@@ -476,8 +476,7 @@ def render(r: dict) -> str:
         f"  {'per sequence':<18} up to {kv['per_sequence_tokens']:,} tokens (the context limit + one round's tree)",
         f"  {'prefix caching':<18} {'on' if kv['prefix_caching'] else 'off'}; prompts prefilled "
         f"{kv['max_num_batched_tokens']} tokens a step"]
-    lines += ["switches"] + [f"  {k:<22} {'unset' if v is None else repr(v)}: {switches.SWITCHES[k]}"
-                             for k, v in r["switches"].items()]
+    lines += ["switches"] + [f"  {k:<22} {_switch(k, v)}" for k, v in r["switches"].items()]
     p = r["pair"]
     lines.append("model pair" + (" (bundled)" if p["bundled"] else ""))
     lines += _describe("target", p["target"], ("model_type", "params", "weights_dtype", "vocab_size",
@@ -500,6 +499,15 @@ def _render_compiled(c: dict) -> list[str]:
             f"  {'cpu_kernel':<18} {'used' if k['used'] else 'not used'}: {k['why']}",
             f"  {'cuda_graphs':<18} {'works' if g['works'] else 'no'}: {g['why']}",
             f"  {'torch_compile':<18} {compiled}: {t['why']}" + (f" ({t['seconds']} s)" if "seconds" in t else "")]
+
+
+def _switch(name: str, v: str | None) -> str:
+    """A switch's line: its value and what it does. An on-by-default one ("off: ..." in SWITCHES)
+    says whether it is on now, and what turning it off does."""
+    what, shown = switches.SWITCHES[name], "unset" if v is None else repr(v)
+    if not what.startswith("off: "):
+        return f"{shown}: {what}"
+    return f"{shown} = {'off' if switches.is_off(name) else 'on'}; set to 0 / false / no / off: {what[5:]}"
 
 
 def _describe(name: str, d: dict, keys: tuple[str, ...]) -> list[str]:
