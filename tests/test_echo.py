@@ -71,5 +71,11 @@ def test_echo_with_logprobs_as_lm_eval_asks(served):
     assert plain.choices[0].text == PROMPT + alone.choices[0].text and plain.choices[0].logprobs is None
     parts = client.completions.create(model="tiny", prompt=PROMPT, echo=True, max_tokens=4, temperature=0, stream=True)
     assert "".join(p.choices[0].text for p in parts if p.choices) == plain.choices[0].text
-    with pytest.raises(openai.BadRequestError, match="echo with logprobs is not supported with stream"):
-        client.completions.create(model="tiny", prompt=PROMPT, echo=True, logprobs=1, max_tokens=1, stream=True)
+    for max_tokens in (1, 6):  # (with 1 the prompt's logprobs come with the final update)
+        kw = dict(model="tiny", prompt=PROMPT, echo=True, logprobs=2, max_tokens=max_tokens, temperature=0)
+        whole = client.completions.create(**kw).choices[0]
+        parts = [p.choices[0] for p in client.completions.create(**kw, stream=True) if p.choices]
+        assert "".join(p.text for p in parts) == whole.text
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [x for p in parts if p.logprobs for x in getattr(p.logprobs, name)] == \
+                getattr(whole.logprobs, name), name

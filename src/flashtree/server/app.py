@@ -234,7 +234,8 @@ class OpenAIServer:
                 self.engine.abort(channel)
         return waiter.result() if waiter in done else None
 
-    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: Format, usage_of):
+    async def stream(self, channel: Channel, n: int, stop: list[str] | None, fmt: Format, usage_of,
+                     echo_logprobs: bool = False):
         """SSE events: per-choice text deltas, finish reasons, optional usage, then [DONE]."""
         deltas = [TextDelta(stop) for _ in range(n)]
         finals: list[Update | None] = [None] * n
@@ -244,7 +245,7 @@ class OpenAIServer:
             for i in range(n):
                 if (head := fmt.head(i)) is not None:
                     yield _sse(head)
-                if fmt.echo:  # the prompt first (its logprobs are refused with stream: parse_request)
+                if fmt.echo and not echo_logprobs:  # the prompt first (with logprobs: once they are known)
                     yield _sse(fmt.chunk(i, self.tokenizer.decode(fmt.echo[i]), None))
             while None in finals:
                 u = await channel.get()
@@ -252,6 +253,10 @@ class OpenAIServer:
                     yield _sse_json(_early_end(u, self.limits.retry_after_s).body())
                     return
                 done = u.finish_reason is not None
+                if echo_logprobs and u.prompt_logprobs and not chars[u.index]:
+                    chunk = fmt.prompt_chunk(u)
+                    yield _sse(chunk)
+                    chars[u.index] = len(chunk.choices[0].text)  # where the completion's token texts start
                 if fmt.calls is not None:  # calls are read from the whole reply: it goes out in one delta
                     if done:
                         finals[u.index] = u
@@ -297,7 +302,8 @@ class OpenAIServer:
         usage_of = lambda finals: usage(prompt_tokens, finals)
         if req.stream:
             include = req.stream_options is not None and req.stream_options.include_usage
-            return StreamingResponse(self.stream(channel, n, sub.params[0].stop, fmt, usage_of if include else None),
+            return StreamingResponse(self.stream(channel, n, sub.params[0].stop, fmt, usage_of if include else None,
+                                                 sub.params[0].prompt_logprobs is not None),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finals = await self.collect(request, channel, n)

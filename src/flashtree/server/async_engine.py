@@ -43,7 +43,8 @@ class Update:
     error: str | None = None   # why a choice ended early ("error", "timeout", "abort" at shutdown)
     topk: int | None = None    # the ddtree branching cap the choice ran with
     logprobs: tuple = ()       # TokenLogprobs: the new tokens' while running; every token's when finished
-    prompt_logprobs: tuple = ()  # finished: the prompt's (SamplingParams.prompt_logprobs; the first token's None)
+    prompt_logprobs: tuple = ()  # the prompt's (SamplingParams.prompt_logprobs; the first token's None): in the
+                                 # first update after the prefill, and in the final one
 
 
 class TextDelta:
@@ -105,6 +106,7 @@ class _Live:
     rounds_seen: int = 0
     first: bool = True
     logprobs_seen: int = 0
+    prompt_sent: bool = False   # its prompt's logprobs went out (completions' echo)
 
 
 @dataclass(slots=True)
@@ -351,8 +353,11 @@ class AsyncEngine:
                 lps = ()
                 if ev.seq.logprobs is not None:
                     lps, live.logprobs_seen = tuple(ev.seq.logprobs[live.logprobs_seen:]), len(ev.seq.logprobs)
+                prompt = ()
+                if ev.seq.prompt_logprobs is not None and not live.prompt_sent:
+                    prompt, live.prompt_sent = tuple(ev.seq.prompt_logprobs), True
                 live.channel.put(Update(live.index, self.llm.text_of(ev.seq), len(ev.seq.output_ids), None,
-                                        logprobs=lps))
+                                        logprobs=lps, prompt_logprobs=prompt))
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         live = self._live.pop(seq)

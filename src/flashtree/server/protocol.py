@@ -390,9 +390,6 @@ def parse_request(cls: type[_Sampling], body: bytes) -> _Sampling:
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true (the alternatives are listed beside each token's "
                             "own log-probability)", param="top_logprobs")
-    if isinstance(req, CompletionRequest) and req.echo and req.stream and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs is not supported with stream yet: set stream to false, or drop "
-                            "logprobs", param="echo")
     if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
         raise APIError(400, "stop_token_ids must be non-negative token ids", param="stop_token_ids")
     return req

@@ -57,6 +57,12 @@ class Format:
             index=index, text=text, finish_reason=finish_reason,
             logprobs=completion_logprobs(logprobs, self.token_text, offset))])
 
+    def prompt_chunk(self, u: Update):
+        """A completion's echoed prompt with its logprobs, streamed once they are known."""
+        text, lp = echoed(self.echo[u.index], u.prompt_logprobs, "", (), self.token_text, self.decode)
+        return Completion(**self._envelope(), choices=[CompletionChoice(index=u.index, text=text, finish_reason=None,
+                                                                        logprobs=lp)])
+
     def final_chunk(self, u: Update):
         """A chat reply whose calls are read back, streamed as one delta once it is done: its
         tool_calls (or its text, where it made none), the finish reason and every logprob."""
