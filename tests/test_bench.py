@@ -211,8 +211,8 @@ def test_bench_rejects_bad_arguments(pair, argv, message, capsys):
 
 
 def test_bench_budgets_take_integers_and_auto(pair, capsys):
-    from flashtree.commands.bench import _budgets
-    assert _budgets("4, 8,AUTO") == [4, 8, "auto"]
+    from flashtree.commands.bench import parse_budgets
+    assert parse_budgets("4, 8,AUTO") == [4, 8, "auto"]
     with pytest.raises(SystemExit):
         main(["bench", "--budgets", "3,big"])
     assert "integers and/or 'auto', got '3,big'" in capsys.readouterr().err

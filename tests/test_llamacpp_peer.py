@@ -27,8 +27,8 @@ def real_dir():
 @needs_real
 def test_a_missing_llama_cpp_is_one_skip_line_by_default_and_an_error_by_name(real_dir, monkeypatch):
     from flashtree.models.gguf import gguf_source
-    from flashtree.models.registry import _smollm2_gguf
-    assert gguf_source(real_dir) == _smollm2_gguf()  # the named model is GGUF-backed
+    from flashtree.models.registry import smollm2_gguf
+    assert gguf_source(real_dir) == smollm2_gguf()  # the named model is GGUF-backed
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` fails as when not installed
     choice = choose_peers(None, real_dir)
     assert choice.engines == ("hf",) and choice.gguf is None
@@ -157,9 +157,9 @@ def test_the_bf16_rewrite_keeps_its_norms_f32_and_decodes():
     from gguf import GGUFReader
 
     from flashtree.measure.peers import llama_cpp_crash, llama_cpp_files
-    from flashtree.models.registry import _smollm2_gguf
-    files = llama_cpp_files(_smollm2_gguf(), ("bf16", "file"))
-    assert list(files) == ["bf16", "q4_1"] and files["q4_1"] == _smollm2_gguf()
+    from flashtree.models.registry import smollm2_gguf
+    files = llama_cpp_files(smollm2_gguf(), ("bf16", "file"))
+    assert list(files) == ["bf16", "q4_1"] and files["q4_1"] == smollm2_gguf()
     kinds = Counter((t.tensor_type.name, len(t.shape)) for t in GGUFReader(files["bf16"]).tensors)
     assert set(kinds) == {("BF16", 2), ("F32", 1)}  # a BF16 norm would abort llama.cpp's first decode
     assert llama_cpp_crash(files["bf16"], threads=1) is None

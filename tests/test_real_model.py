@@ -36,8 +36,8 @@ def real_dir() -> Path:
 def float_dir() -> Path:
     """The file dequantized into an HF directory by transformers' GGUF integration (what it loads)."""
     from flashtree.models.gguf import cached_conversion
-    from flashtree.models.registry import _smollm2_gguf
-    return cached_conversion(_smollm2_gguf(), weights=True)
+    from flashtree.models.registry import smollm2_gguf
+    return cached_conversion(smollm2_gguf(), weights=True)
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def test_gguf_round_trip(tmp_path, float_dir):
     from safetensors.torch import load_file
 
     from flashtree.models.gguf import convert_gguf, requantize_gguf
-    from flashtree.models.registry import _smollm2_gguf
-    f32 = requantize_gguf(_smollm2_gguf(), tmp_path / "f32.gguf")
+    from flashtree.models.registry import smollm2_gguf
+    f32 = requantize_gguf(smollm2_gguf(), tmp_path / "f32.gguf")
     back = convert_gguf(f32, tmp_path / "back")
     a, b = load_file(str(float_dir / "model.safetensors")), load_file(str(back / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -115,8 +115,8 @@ def test_gguf_round_trip(tmp_path, float_dir):
 
 def test_gguf_path_loads_and_bad_paths_say_what_is_allowed(tmp_path):
     from flashtree.config import ConfigError
-    from flashtree.models.registry import _smollm2_gguf
-    assert resolve(_smollm2_gguf()).target == resolve("smollm2-135m-instruct").target
+    from flashtree.models.registry import smollm2_gguf
+    assert resolve(smollm2_gguf()).target == resolve("smollm2-135m-instruct").target
     junk = tmp_path / "x.gguf"
     junk.write_bytes(b"not a gguf")
     with pytest.raises(ConfigError, match="not a GGUF file"):
@@ -137,8 +137,8 @@ def test_models_and_convert_commands(tmp_path):
     assert names == list(MODELS)
     f32 = tmp_path / "m.gguf"
     from flashtree.models.gguf import requantize_gguf
-    from flashtree.models.registry import _smollm2_gguf
-    requantize_gguf(_smollm2_gguf(), f32, dtype="bfloat16")
+    from flashtree.models.registry import smollm2_gguf
+    requantize_gguf(smollm2_gguf(), f32, dtype="bfloat16")
     r = _cli("convert", str(f32), str(tmp_path / "hf"), "--dtype", "bfloat16")
     assert r.returncode == 0, r.stderr
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())

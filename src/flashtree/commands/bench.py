@@ -41,7 +41,7 @@ def _list(kind):
     return parse
 
 
-def _budgets(text: str) -> list[int | str]:
+def parse_budgets(text: str) -> list[int | str]:
     """Comma list of tree budgets: integers and/or 'auto'."""
     try:
         return [x.strip().lower() if x.strip().lower() == "auto" else int(x) for x in text.split(",") if x.strip()]
@@ -69,7 +69,7 @@ def add_arguments(p) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
     p.add_argument("--methods", type=_list(str), default=None,
                    help=f"comma list of {','.join(METHODS)} (default: all; ar is always run as the baseline)")
-    p.add_argument("--budgets", type=_budgets, default=None,
+    p.add_argument("--budgets", type=parse_budgets, default=None,
                    help=f"comma list of DDTree budgets (default: --budget, else {','.join(map(str, DEFAULT_BUDGETS))})")
     p.add_argument("--topks", type=_topks, default=None,
                    help="comma list of DDTree branching caps, 'none' = no cap, each run with every budget it fits "

