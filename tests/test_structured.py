@@ -185,8 +185,9 @@ def pair():
 
 
 @pytest.mark.parametrize("method, budget, temperature, regex", [
-    ("ddtree", 6, 0.6, TOY_REGEX), ("ddtree", 6, 1.0, TOY_REGEX), ("dflash", None, 0.6, TOY_REGEX),
-    ("dflash", None, 1.0, TOY_REGEX), ("ddtree", 6, 1.0, PAIRS),
+    pytest.param("ddtree", 6, 0.6, TOY_REGEX, marks=pytest.mark.slow), ("ddtree", 6, 1.0, TOY_REGEX),
+    pytest.param("dflash", None, 0.6, TOY_REGEX, marks=pytest.mark.slow), ("dflash", None, 1.0, TOY_REGEX),
+    ("ddtree", 6, 1.0, PAIRS),
     pytest.param("hybrid", 6, 1.0, TOY_REGEX, marks=pytest.mark.slow),
     pytest.param("ngram", None, 0.6, TOY_REGEX, marks=pytest.mark.slow)])
 def test_sampled_output_has_the_masked_targets_distribution(pair, toy, method, budget, temperature, regex):
