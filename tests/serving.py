@@ -33,6 +33,20 @@ class Running:
         self.thread.join(30)
 
 
+def served(llm, model_name: str = "tiny") -> Running:
+    """`llm` behind flashtree's OpenAI app on a free loopback port (`.llm` is it; stop() when done)."""
+    from flashtree.server.app import create_app
+    r = Running(create_app(llm, model_name=model_name))
+    r.llm = llm
+    return r
+
+
+def openai_client(r: Running, timeout: float = 120):
+    """The official client pointed at `r`, no retries."""
+    import openai
+    return openai.OpenAI(base_url=r.base + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,16 +4,12 @@ the chunking, the prefix cache and the method — as lm-eval-harness asks for th
 max_tokens=1) through the `openai` client."""
 from __future__ import annotations
 
-import socket
-
-import openai
 import pytest
 import torch
 
 from flashtree import LLM, SamplingParams
 from flashtree.errors import UserError
-from flashtree.server.app import create_app
-from serving import Running
+from serving import openai_client, served
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
 
@@ -46,18 +42,14 @@ def test_prompt_logprobs_equal_an_uncached_forward_across_chunks_and_the_prefix_
 
 
 @pytest.fixture(scope="module")
-def served():
-    llm = LLM("tiny-code", dtype="float32", compile=False, max_batch_size=2)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    r = Running(create_app(llm, model_name="tiny"), sock)
-    r.llm = llm
+def server():
+    r = served(LLM("tiny-code", dtype="float32", compile=False, max_batch_size=2))
     yield r
     r.stop()
 
 
-def test_echo_with_logprobs_as_lm_eval_asks(served):
-    client = openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+def test_echo_with_logprobs_as_lm_eval_asks(server):
+    client, served = openai_client(server), server
     ids = served.llm.tokenizer.encode(PROMPT)
     r = client.completions.create(model="tiny", prompt=PROMPT, echo=True, logprobs=1, max_tokens=1, temperature=0)
     lp = r.choices[0].logprobs

@@ -5,17 +5,14 @@ tokenizer spells JSON; replies equal the Python API's under the same constraint.
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import jsonschema
-import openai
 import pydantic
 import pytest
 
 from flashtree import LLM, SamplingParams, StructuredOutput
-from flashtree.server.app import create_app
-from serving import Running
+from serving import openai_client, served
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                            "size": {"type": "integer", "minimum": 0, "maximum": 999}},
@@ -36,17 +33,14 @@ def offline():
 
 @pytest.fixture(scope="module")
 def server():
-    llm = LLM("tiny-code", dtype="float32", compile=False, max_batch_size=4, method="ddtree")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    r = Running(create_app(llm, model_name="tiny"), sock)
+    r = served(LLM("tiny-code", dtype="float32", compile=False, max_batch_size=4, method="ddtree"))
     yield r
     r.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree"])

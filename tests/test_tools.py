@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 from typing import Literal
 
@@ -20,9 +19,8 @@ import pytest
 
 import flashtree
 from flashtree import LLM
-from flashtree.server.app import create_app
 from flashtree.server.tools import call_schema, read_calls
-from serving import Running
+from serving import openai_client, served
 
 TEMPLATE = (
     "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}"
@@ -54,19 +52,15 @@ def server(tmp_path_factory):
     shutil.copytree(bundled / "target", target)
     cfg = json.loads((target / "tokenizer_config.json").read_text())
     (target / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
-    llm = LLM(model=str(target), draft=str(bundled / "drafter"), dtype="float32", compile=False, method="ddtree",
-              max_batch_size=2)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    r = Running(create_app(llm, model_name="tiny"), sock)
-    r.llm = llm
+    r = served(LLM(model=str(target), draft=str(bundled / "drafter"), dtype="float32", compile=False,
+                   method="ddtree", max_batch_size=2))
     yield r
     r.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.mark.parametrize("method", ["ar", "ddtree"])
