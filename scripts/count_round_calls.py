@@ -3,7 +3,9 @@
 Traces one `engine.step()` of a ddtree round (tiny pair, eager, after a few warm rounds) with
 `sys.setprofile` and counts calls from a method of one flashtree object to a method of another
 (`self` differs; free functions and calls into torch/numpy are not counted). Prints the distinct
-(caller, callee) method pairs and the total count. It uses only the public API, so it also runs
+(caller, callee) method pairs and the total count, and the round's host reads: calls that bring a
+tensor's values to the host (`item`, `tolist`, `numpy`, `__array__`, `cpu`, `__bool__`, `__int__`,
+`__float__`, `__index__` of a tensor) — each is a device sync on a GPU — with their call sites. It uses only the public API, so it also runs
 against an older checkout (PYTHONPATH=OLD/src) for a before/after comparison.
 
   python scripts/count_round_calls.py [--method ddtree] [--budget 8]
@@ -33,8 +35,22 @@ def main() -> None:
     for _ in range(4):  # prefill and a few rounds: the traced step is a steady drafting round
         eng.step()
     pairs: Counter = Counter()
+    reads: Counter = Counter()
+    import torch
+    host = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__"}
+
+    def site(frame):
+        return f"{frame.f_code.co_filename.split('src/')[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
 
     def prof(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") in host \
+                and isinstance(getattr(arg, "__self__", None), torch.Tensor):
+            reads[(arg.__name__, site(frame))] += 1
+            return
+        if event == "call" and frame.f_code.co_name == "__array__" and isinstance(frame.f_locals.get("self"),
+                                                                                   torch.Tensor):
+            reads[("__array__", site(frame.f_back))] += 1
+            return
         if event != "call":
             return
         callee, caller = owner(frame), frame.f_back and owner(frame.f_back)
@@ -48,6 +64,9 @@ def main() -> None:
         print(f"{n:4d}  {src} -> {dst}")
     print(f"{len(pairs)} distinct cross-object calls, {sum(pairs.values())} in all, "
           f"{len({d.split('.')[0] for _, d in pairs})} callee classes")
+    for (what, where), n in sorted(reads.items(), key=lambda kv: kv[0][1]):
+        print(f"{n:4d}  {what:10s} {where}")
+    print(f"{sum(reads.values())} host reads of tensor values in the round, at {len(reads)} sites")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from flashtree import (  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
@@ -69,7 +70,7 @@ def target(T):
     tok = torch.zeros(1, T, dtype=torch.long)
     pos = (L0 + torch.arange(T))[None].contiguous()
     vis = torch.ones(T, T, dtype=torch.bool).tril()[None].contiguous()
-    lengths, nodes = torch.tensor([L0]), torch.arange(T)
+    lengths, nodes = np.array([L0]), torch.arange(T)
     return lambda: runner.run_target(tok, pos, [slot], lengths, vis, nodes)
 
 
@@ -78,7 +79,7 @@ def drafter(C=4):
     bpos = (L0 + torch.arange(K))[None].contiguous()
     ctx = torch.zeros(1, C, F, dtype=llm.engine.dtype)  # target features, in the model dtype
     cpos = (L0 - C + torch.arange(C))[None].contiguous()
-    return lambda: runner.run_drafter(blk, bpos, ctx, cpos, [slot], torch.tensor([L0 - C]), torch.tensor([C]),
+    return lambda: runner.run_drafter(blk, bpos, ctx, cpos, [slot], np.array([L0 - C]), torch.tensor([C]),
                                       torch.tensor([K]))
 
 

@@ -973,10 +973,10 @@ def test_an_auto_request_after_fixed_budget_rounds_still_seeds_what_they_did_not
     while eng.has_work():
         eng.step()
     costs = eng.adaptive.costs
-    assert eng.seeder is None and set(costs.verify_s) <= {(1, 1), (1, 5)} and list(costs.draft_s) == [1]
+    assert not eng.seeder.started and set(costs.verify_s) <= {(1, 1), (1, 5)} and list(costs.draft_s) == [1]
     auto = eng.add_request(list(range(1, 30)), greedy, budget="auto")
     eng.step()
-    assert eng.seeder is not None and eng.seeder.done and auto.metrics.rounds == 1
+    assert eng.seeder.started and eng.seeder.done and auto.metrics.rounds == 1
     assert {(1, t) for t in (2, 4, 8, 16)} <= set(costs.verify_s) and len(costs.draft_s) == 2  # seeded
     assert 1 in costs.drift  # auto's round read against the seeds
 

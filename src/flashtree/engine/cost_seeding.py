@@ -65,11 +65,39 @@ def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
 class CostSeeder:
     def __init__(self, engine: Engine, costs: CostTable):
         self.engine, self.costs = engine, costs
+        self.started = False                   # a sequence that uses the costs came in
         self.plan: deque[Probe] | None = None  # built at the first step (it sizes batches by free slots)
 
     @property
     def done(self) -> bool:
         return self.plan is not None and not self.plan
+
+    def uses_costs(self, s: Sequence) -> bool:
+        """Whether s decides from auto's measured costs: budget="auto", or a method that sizes its
+        drafts by them (ngram). Until they are measured, a wider forward is priced as that many
+        one-token steps, so such a sequence would never draft."""
+        return s.auto or self.engine.proposers[s.method].sized_by_costs
+
+    def turn(self, prefilling: bool) -> None:
+        """The seeding's turn in an engine step. Once the first sequence that uses costs is in:
+        time real forwards on free slots — all at once on an otherwise idle engine, else one
+        forward a step in steps that prefill nothing, so the streams decoding never wait long on
+        it. Also after fixed-budget rounds filled some of the table: a seed never replaces what a
+        round measured, and the widths no round ran get one. A waiting sequence counts: an idle
+        engine seeds before it admits one."""
+        eng = self.engine
+        if not self.started:
+            # (the queue is read only while nothing runs: it may be long, and this runs every step)
+            if not self.costs.learn or not any(self.uses_costs(s) for s in eng.running or eng.waiting):
+                return
+            self.started = True
+        if self.done:
+            return
+        others_decoding = any(s.decoding and not self.uses_costs(s) for s in eng.running)
+        if prefilling and others_decoding:
+            return
+        with eng.clock("seed_costs"):
+            self.step(not others_decoding)
 
     def step(self, all_at_once: bool) -> None:
         """One timed call of the next measurement (all of them with `all_at_once`)."""
@@ -122,6 +150,7 @@ class CostSeeder:
                             for slot in slots]
                     for s in seqs:  # a few fresh context rows, within the dummy context
                         eng.drafts.on_prefill(s, min(3, ctx))
+                    eng.drafts.read_to(seqs, [builder.ranks(s) for s in seqs])
 
                     def call():  # the drafter pass and the trees built from it, as a round does
                         out = eng.drafts.run(seqs)

@@ -54,6 +54,7 @@ from .model_runner import ModelRunner, RankLost
 from .prefill_pacing import PrefillPacer, break_even_context
 from .round import (
     EngineStats,
+    PhaseClock,
     RoundOutput,
     RoundRecord,
     RoundTimes,
@@ -66,7 +67,7 @@ from .round import (
     verify_round,
 )
 from .sampler import Sampler
-from .scheduler import Scheduler
+from .scheduler import Schedule, Scheduler
 from .sequence import Sequence, check_request
 
 log = logging.getLogger("flashtree.engine")
@@ -120,14 +121,14 @@ class Engine:
         self.runner = ModelRunner(target, drafter, self.blocks, self.feature_layers, config.compile)
         self.scheduler = Scheduler(self.blocks, config.max_batch_size,
                                    config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                                   self._round_rows, match_drafted=drafter is not None)
+                                   match_drafted=drafter is not None)
         self.pacer = PrefillPacer(break_even_context(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
                                                      tc.num_key_value_heads, tc.head_dim),
                                   config.prefill_stall) if config.prefill_stall is not None else None
         self.adaptive = AdaptiveBudget()  # budget="auto": calibration per sequence, measured costs
         # the drafter pass, shared by the drafter-based methods (speculative/dflash.py)
-        self.drafts = DFlashDrafts(self.runner, drafter.config.mask_token_id, self.device,
-                                   ranks=lambda s: self.proposers[s.method].ranks(s)) if drafter is not None else None
+        self.drafts = DFlashDrafts(self.runner, drafter.config.mask_token_id,
+                                   self.device) if drafter is not None else None
         # one proposer per method this pair can run (a drafter-based one only with a drafter)
         given = ProposerContext(self.limits, self.adaptive, self.drafts)
         self.proposers: dict[str, Proposer] = {
@@ -135,12 +136,11 @@ class Engine:
         self._next_id = 0
         self.sampler = Sampler(self.device)
         self.verifier: Verifier = verify_round  # the round's verify (a test's wrong one must be caught)
-        self.timings = RoundTimes()      # seconds per phase, accumulated over all steps
-        self.round_times = RoundTimes()  # seconds per phase in the latest step
+        self.clock = PhaseClock()        # seconds per phase: the latest step's, and summed
         self.round_log: list[RoundRecord] | None = None  # set to [] to record every round (trace)
         self.stats = EngineStats()
         self.consecutive_failures = 0  # sequences failed since the last commit
-        self.seeder: CostSeeder | None = None  # times forwards for auto's costs once an auto sequence runs
+        self.seeder = CostSeeder(self, self.adaptive.costs)  # times forwards for auto's costs once one is used
         self.batch_graphs_built = True  # False: a batch's compiled graphs are built when a batch first runs
 
     def warmup(self, progress: bool = False, batched: bool = True, helper=None, background=None) -> None:
@@ -161,10 +161,6 @@ class Engine:
     @property
     def running(self) -> list[Sequence]:
         return self.scheduler.running
-
-    def _round_rows(self, s: Sequence) -> int:
-        """The most cache rows one round of s writes past its length: its largest tree."""
-        return max(s.budget + 1, s.block_size)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
@@ -203,6 +199,16 @@ class Engine:
         self.waiting.append(seq)
         return seq
 
+    @property
+    def timings(self) -> RoundTimes:
+        """Seconds per phase, summed over every step (`clear()` restarts them)."""
+        return self.clock.total
+
+    @property
+    def round_times(self) -> RoundTimes:
+        """Seconds per phase in the latest step."""
+        return self.clock.step
+
     def abort(self, seq: Sequence) -> None:
         """Stop a request now (client gone); its cache slot is freed at once."""
         if seq in self.waiting:
@@ -235,70 +241,94 @@ class Engine:
 
         A failure while preparing, prefilling or sampling fails only the sequences it belongs to
         (finish_reason "error"); an `EngineFailure` means the engine itself is broken."""
-        t0 = time.perf_counter()
-        self.round_times = RoundTimes()
+        self.clock.new_step()
         self.threads()  # as many as the cores free now
+        plan = self._schedule()                        # admissions, prefill chunks, preemptions
+        if plan.prefills:
+            self._prefill_chunks(plan.prefills)         # prompt rows -> cache; a finished prompt's first token
+        batch = self.scheduler.decoding()
+        if batch:
+            depths = self._depths(batch)                # auto's verdict: each sequence drafts, or steps plainly
+            rounds = self._isolated(self._round, batch, depths)   # propose -> pack -> run -> verify
+            for part, out in rounds:
+                with self.clock("commit"):
+                    self._commit(part, out)             # accepted paths -> cache rows, tokens, stops
+            self._observe(batch, rounds, prefilled=bool(plan.prefills))
+        events, finished = self.scheduler.postprocess()
+        for s in finished:
+            self._release(s)
+        return events
+
+    def _schedule(self) -> Schedule:
+        """The scheduler's plan for this step (what the pacer lets a prefill cost the streams
+        decoding); preempted sequences forgotten by their method and auto; auto's cost seeding
+        given its turn — on an idle engine before admitting (with one slot none is free after)."""
         decoding = any(s.decoding and not s.finished for s in self.running)
-        if not self.running:  # idle: seed before admitting (with one slot, none is free after)
-            self._seed_costs(prefilling=False)
+        if not self.running:
+            self.seeder.turn(prefilling=False)
         plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
         self.stats.prefix_hit_tokens += plan.prefix_hit_tokens
         self.stats.preemptions += len(plan.preempted)
         for s in plan.preempted:  # recomputed from its tokens when readmitted
             self.proposers[s.method].release(s)
             self.adaptive.release(s)
-        self._seed_costs(prefilling=bool(plan.prefills))
-        if plan.prefills:
-            for part, firsts in self._timed("prefill", self._isolated, self._prefill, plan.prefills):
-                self._timed("prefill", self._commit_prefill, part, firsts)
-            if self.pacer is not None:
-                self.pacer.observe_prefill(plan.prefills, self.round_times.prefill)
-        batch = [s for s in self.running if s.decoding and not s.finished]
-        if batch:
-            logged = len(self.round_log) if self.round_log is not None else 0
-            # auto's verdict is taken once a step, outside the round: a round rerun per sequence
-            # (see _isolated) drafts as the whole batch was decided to
-            depth = dict(zip(batch, self._depths(batch)))
-            parts = self._isolated(lambda part: self._round(part, [depth[s] for s in part]), batch)
-            for part, out in parts:
-                self._timed("commit", self._commit, part, out)
-            if len(parts) == 1 and len(parts[0][0]) == len(batch):  # one whole round: its times are its shape's
-                out = parts[0][1]
-                spent = time.perf_counter() - t0 - self.round_times.seed_costs - self.round_times.prefill
-                if self.pacer is not None and not plan.prefills:  # a stream's undisturbed round
-                    self.pacer.observe_round(spent)
-                self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.passed, self.round_times, spent,
-                                            out.caught_up)
-            if self.round_log is not None:
-                for entry in self.round_log[logged:]:
-                    entry.times = self.round_times
-        return self._collect()
+        self.seeder.turn(prefilling=bool(plan.prefills))
+        return plan
+
+    def _prefill_chunks(self, seqs: list[Sequence]) -> None:
+        """This step's prompt chunks in one forward (per sequence if it fails), then committed."""
+        with self.clock("prefill"):
+            for part, done in self._isolated(self._prefill, seqs):
+                self._commit_prefill(part, done)
+        if self.pacer is not None:
+            self.pacer.observe_prefill(seqs, self.clock.step.prefill)
+
+    def _observe(self, batch: list[Sequence], rounds: list[tuple[list[Sequence], RoundOutput]],
+                 prefilled: bool) -> None:
+        """A round run whole is its shape's measurement: auto's cost table learns its phase times
+        and wall time (the step's, less seeding and prefill), the pacer a stream's undisturbed
+        round. A round rerun per sequence (see _isolated) measures nothing."""
+        if len(rounds) != 1 or len(rounds[0][0]) != len(batch):
+            return
+        out, times = rounds[0][1], self.clock.step
+        spent = self.clock.elapsed() - times.seed_costs - times.prefill
+        if self.pacer is not None and not prefilled:
+            self.pacer.observe_round(spent)
+        self.adaptive.costs.observe(len(batch), out.vin.tokens.shape[1], out.passed, times, spent, out.caught_up)
 
     def _round(self, batch: list[Sequence], depths: list[int]) -> RoundOutput:
         """Everything of a round before the commit, each sequence drafting to its depth (0: a plain
         step); touches no sequence state, so it can be rerun."""
-        drafts = self._timed("draft", self._draft, batch, depths)
-        trees = self._timed("tree", self._trees, batch, drafts, depths)
-        trees = self._timed("grammar", prune_all, batch, trees, self.config.grammar_drafts)  # before the cut
+        clock = self.clock
+        with clock("draft"):
+            drafts = self._draft(batch, depths)
+        with clock("tree"):
+            trees = self._trees(batch, drafts, depths)
+        with clock("grammar"):  # drafts a grammar forbids go before auto's cut
+            trees = prune_all(batch, trees, self.config.grammar_drafts)
         drafted = sum(d is not None for d in drafts)
         # an n-gram chain is no drafter pass: counted as one, its microseconds became the pass's cost
         passed = sum(d is not None and self.proposers[s.method].needs_drafter for s, d in zip(batch, drafts))
         fed = self.drafts.fed if self.drafts is not None else {}  # (this round's pass only: a commit pops them)
         caught_up = beyond_blocks(batch, lambda s: fed.get(s, 0))
-        trees, choices = self._timed("budget", self.adaptive.fit, batch, trees, passed, caught_up,  # auto: cut to size
-                                     self._held())
-        if self.config.grammar_drafts:  # a grammar's forced tokens: free nodes
-            trees = self._timed("grammar", force_all, batch, trees, [self._round_rows(s) for s in batch],
-                                [s.room(self.max_model_len) for s in batch])
+        with clock("budget"):  # auto: each tree cut to the round's chosen size
+            trees, choices = self.adaptive.fit(batch, trees, passed, caught_up, self._held())
+        if self.config.grammar_drafts:
+            with clock("grammar"):  # a grammar's forced tokens: free nodes
+                trees = force_all(batch, trees, [s.round_rows for s in batch],
+                                  [s.room(self.max_model_len) for s in batch])
         for s, t in zip(batch, trees):  # the scheduler reserved pages for this many rows past s.length
-            if t.size > self._round_rows(s):
-                raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {self._round_rows(s)} "
+            if t.size > s.round_rows:
+                raise RuntimeError(f"request {s.req_id}: a {t.size}-node tree exceeds the {s.round_rows} "
                                    f"cache rows reserved for its round")
-        vin = self._timed("pack", pack_trees, trees, [s.length for s in batch], self.device)
-        logits = self._timed("verify_forward", self._forward, batch, vin)
-        vout = self._timed("verify_walk", self.verifier, batch, vin, logits, self.sampler.draws)
-        lps = self._timed("verify_walk", self.sampler.path_logprobs, batch, trees, vin, vout, logits) \
-            if any(s.logprobs is not None for s in batch) else None
+        with clock("pack"):
+            vin = pack_trees(trees, [s.length for s in batch], self.device)
+        with clock("verify_forward"):
+            logits = self._forward(batch, vin)
+        with clock("verify_walk"):
+            vout = self.verifier(batch, vin, logits, self.sampler.draws)
+            lps = self.sampler.path_logprobs(batch, trees, vin, vout, logits) \
+                if any(s.logprobs is not None for s in batch) else None
         return RoundOutput(trees, vin, vout, choices, drafted, passed, caught_up, lps)
 
     def _depths(self, batch: list[Sequence]) -> list[int]:
@@ -321,7 +351,7 @@ class Engine:
             return [0] * len(batch)
         auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
         if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
-                or self.adaptive.wants_draft(auto, len(batch), lambda: self._catch_up_rows(auto), self._held()):
+                or self.adaptive.wants_draft(auto, len(batch), self._catch_up_rows(auto), self._held()):
             return depths
         return [0 if s.auto else d for s, d in zip(batch, depths)]
 
@@ -334,37 +364,12 @@ class Engine:
         """Context rows a drafter pass for `seqs` would catch up on (see `beyond_blocks`)."""
         return 0 if self.drafts is None else beyond_blocks(seqs, self.drafts.pending_rows)
 
-    def _uses_costs(self, s: Sequence) -> bool:
-        """Whether s decides from auto's measured costs: budget="auto", or a method that sizes its
-        drafts by them (ngram). Until they are measured, a wider forward is priced as that many
-        one-token steps, so such a sequence would never draft."""
-        return s.auto or self.proposers[s.method].sized_by_costs
-
-    def _seed_costs(self, prefilling: bool) -> None:
-        """Once the first sequence that uses costs is in: time real forwards for auto's cost table
-        on free slots (`cost_seeding.py`) — all at once on an otherwise idle engine, else one
-        forward a step in steps that prefill nothing, so the streams decoding never wait long on it.
-        Also after fixed-budget rounds filled some of the table: a seed never replaces what a round
-        measured, and the widths no round ran get one. A waiting sequence counts: an idle engine
-        seeds before it admits one."""
-        costs = self.adaptive.costs
-        if self.seeder is None:
-            # (the queue is read only while nothing runs: it may be long, and this runs every step)
-            if not costs.learn or not any(self._uses_costs(s) for s in self.running or self.waiting):
-                return
-            self.seeder = CostSeeder(self, costs)
-        if self.seeder.done:
-            return
-        others_decoding = any(s.decoding and not self._uses_costs(s) for s in self.running)
-        if prefilling and others_decoding:
-            return
-        self._timed("seed_costs", self.seeder.step, not others_decoding)
-
-    def _isolated(self, fn, seqs: list[Sequence]) -> list[tuple[list[Sequence], object]]:
-        """fn(seqs), or, if that raises, fn([s]) for each s alone: a sequence that fails alone is
-        finished with "error" and the others go on. Returns [(the seqs, fn's result)]."""
+    def _isolated(self, fn, seqs: list[Sequence], *per_seq: list) -> list[tuple[list[Sequence], object]]:
+        """fn(seqs, *per_seq), or, if that raises, fn([s], *its own items of per_seq) for each s
+        alone: a sequence that fails alone is finished with "error" and the others go on. Returns
+        [(the seqs, fn's result)]."""
         try:
-            return [(seqs, fn(seqs))]
+            return [(seqs, fn(seqs, *per_seq))]
         except RankLost as e:  # not a request's fault: the engine cannot go on
             raise EngineFailure(str(e)) from e
         except Exception as e:
@@ -372,9 +377,9 @@ class Engine:
                 self._fail(seqs[0], e)
                 return []
         out = []
-        for s in seqs:
+        for b, s in enumerate(seqs):
             try:
-                out.append(([s], fn([s])))
+                out.append(([s], fn([s], *([col[b]] for col in per_seq))))
             except RankLost as e:
                 raise EngineFailure(str(e)) from e
             except Exception as e:
@@ -396,14 +401,6 @@ class Engine:
             return True
         self._fail(s, "the sampling distribution had no valid token (NaN or zero mass)")
         return False
-
-    def _timed(self, name, fn, *args):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        dt = time.perf_counter() - t0
-        self.timings.add(name, dt)
-        self.round_times.add(name, dt)
-        return out
 
     def _prefill(self, seqs: list[Sequence]) -> list[tuple[tuple[int, list | None] | None, list | None]]:
         """The next `chunk` tokens of each sequence's `cache_ids`, after its `prefilled` ones, in one
@@ -453,8 +450,7 @@ class Engine:
             except Exception as e:
                 self._fail(s, e)
         if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
-            self._isolated(lambda part: self._write_drafter_context([(s, s.length - s.chunk, s.length) for s in part]),
-                           [s for s in kept if self._keeps_drafter_context(s)])
+            self._isolated(self._write_drafter_context, [s for s in kept if self._keeps_drafter_context(s)])
         for s, (first, prompt) in zip(seqs, done):
             if prompt is not None:
                 s.prompt_logprobs.extend(prompt)
@@ -471,13 +467,14 @@ class Engine:
         always (its first pass reads them), any other's for the prefix cache's sake."""
         return self.drafts.cached_rows(s) is not None or self.blocks.prefix_caching
 
-    def _write_drafter_context(self, spans: list[tuple[Sequence, int, int]]) -> None:
-        """Write the drafter's context rows [lo, hi) of each (sequence, lo, hi) now, in one flat
-        call, whatever the sequence's method: its pages then serve drafter-based requests from the
+    def _write_drafter_context(self, seqs: list[Sequence], spans: list[tuple[int, int]] | None = None) -> None:
+        """Write the drafter's context rows [lo, hi) of each sequence now (spans; None: the chunk
+        each prefilled this step, [length - chunk, length)), in one flat call, whatever the sequence's method: its pages then serve drafter-based requests from the
         prefix cache (a hit pays for every method), and a drafter pass has no prompt to catch up
         on. Rows [0, lo) are written already (an earlier chunk, or adopted drafted pages). A row
         costs the drafter's fc and K/V projections: ~1 % of the target's for the same row."""
-        spans = [(s, lo, hi) for s, lo, hi in spans if hi > lo]
+        spans = [(s, lo, hi) for s, (lo, hi) in zip(seqs, spans or [(s.length - s.chunk, s.length) for s in seqs])
+                 if hi > lo]
         if not spans:
             return
         self.runner.write_drafter_context(np.repeat([s.slot for s, _, _ in spans], [hi - lo for _, lo, hi in spans]),
@@ -563,7 +560,9 @@ class Engine:
             s.metrics.budgets.append(choice.nodes)
             s.metrics.predicted_taus.append(choice.predicted_tau)
         if self.round_log is not None:
-            self.round_log.append(RoundRecord(s.req_id, tree, path, bonus, choice and choice.predicted_tau))
+            # (its times: the step's, complete once the step is)
+            self.round_log.append(RoundRecord(s.req_id, tree, path, bonus, choice and choice.predicted_tau,
+                                              self.clock.step))
         self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus], logprobs)
         return probed
 
@@ -572,7 +571,7 @@ class Engine:
         for the prefix cache, and pages whose drafter rows a pass wrote are marked drafted."""
         for s in batch:
             drafted = self.drafts.cached_rows(s) if drafter_wrote else None  # only a drafter pass writes them
-            self.blocks.settle(s.slot, s.length, s.length + self._round_rows(s), lambda s=s: s.cache_ids, drafted)
+            self.blocks.settle(s.slot, s.length, s.length + s.round_rows, lambda s=s: s.cache_ids, drafted)
 
     # ---------------------------------------------------------------- stops and retirement
     def _emit(self, s: Sequence, new: list[int], logprobs: list | None = None) -> None:
@@ -582,18 +581,8 @@ class Engine:
         if self.drafts is not None and s.slot >= 0 and s.finish_reason != "error":
             # the pages it filled decoding (plainly, or past its last pass) serve drafters too
             lo, hi = self.blocks.undrafted_rows(s.slot)
-            self._write_drafter_context([(s, lo, min(hi, s.length))])
+            self._write_drafter_context([s], [(lo, min(hi, s.length))])
         self.scheduler.release(s)
         self.proposers[s.method].release(s)
         self.adaptive.release(s)
         s.metrics.elapsed_s = time.perf_counter() - s.t_start
-
-    def _collect(self) -> list[StepEvent]:
-        events = []
-        for s in list(self.running):
-            if len(s.output_ids) > s.emitted or s.finished:
-                events.append(StepEvent(s, s.output_ids[s.emitted:]))
-                s.emitted = len(s.output_ids)
-            if s.finished:
-                self._release(s)
-        return events

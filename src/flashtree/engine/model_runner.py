@@ -250,10 +250,11 @@ class ModelRunner:
         return logits.log_softmax(-1).view(block.shape[0], block.shape[1] - 1, -1)
 
     # ------------------------------------------------------------------ what the engine calls
-    def run_target(self, tokens: torch.Tensor, positions: torch.Tensor, slots: list[int], lengths: torch.Tensor,
+    def run_target(self, tokens: torch.Tensor, positions: torch.Tensor, slots: list[int], lengths: np.ndarray,
                    vis: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
         """One target forward over new tokens [B, T] of the sequences in cache `slots`: each sees
-        its cached rows < lengths[b] and the new tokens `vis` [B, T, T] allows; the new K/V (and
+        its cached rows < lengths[b] (on the host: page rows and sizes come from them, and the
+        device gets a copy — no read back) and the new tokens `vis` [B, T, T] allows; the new K/V (and
         the drafter features, where the runner keeps them: `features_of`) are written at rows
         lengths[b] + t. Returns the logits [R, V] of the flat indices `nodes`."""
         B, T = tokens.shape
@@ -261,7 +262,8 @@ class ModelRunner:
         R = nodes.shape[0]
         if B * T > 1 and R < 2:  # keep the dynamic row count off dynamo's 0/1 specialisation
             nodes = torch.cat([nodes, nodes[:1].expand(2 - R)])
-        start = lengths.cpu().numpy()  # the one host copy of the lengths (sizes and rows come from it)
+        start = np.asarray(lengths, dtype=np.int64)
+        lengths = torch.from_numpy(start).to(self.device)
         table, rows = self._table(slots, int(start.max())), self._rows(slots, start, T)
         if self.broadcaster is not None:  # tensor parallel: the other ranks run the same forward on their shards
             self._broadcast(self.broadcaster.target, tokens, positions, table, lengths, vis, rows)
@@ -282,7 +284,7 @@ class ModelRunner:
         return self._forward(0, *args, self.cache.k, self.cache.v, *kept)
 
     def run_drafter(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
-                    slots: list[int], past_len: torch.Tensor, ctx_len: torch.Tensor, block_len: torch.Tensor
+                    slots: list[int], past_len: np.ndarray, ctx_len: torch.Tensor, block_len: torch.Tensor
                     ) -> torch.Tensor:
         """One drafter pass: blocks [B, K] see cached context rows < past_len[b], the fresh context
         features ctx [B, C, F] (rows < ctx_len[b]; their K/V are written at past_len[b] + c) and
@@ -293,7 +295,8 @@ class ModelRunner:
         if C < 2:  # pad the context to >= 2 rows (masked out by ctx_len)
             ctx = torch.cat([ctx, ctx.new_zeros(B, 2 - C, ctx.shape[2])], 1)
             ctx_pos = torch.cat([ctx_pos, ctx_pos[:, -1:].expand(B, 2 - C) if C else ctx_pos.new_zeros(B, 2)], 1)
-        start = past_len.cpu().numpy()
+        start = np.asarray(past_len, dtype=np.int64)  # [B] on the host, as run_target's lengths
+        past_len = torch.from_numpy(start).to(self.device)
         S = _at_least_2(int(start.max()))
         cols = self._cols(S)
         args = self._inputs((block, 0, 1), (block_pos, 0, 1), (ctx, 0, 1), (ctx_pos, 0, 1),
@@ -460,8 +463,8 @@ class ModelRunner:
             if bar is not None:
                 bar.set_description(f"compiling {what}")
             t1 = time.perf_counter()
-            lengths = torch.full((B,), 5, device=dev)
-            pos = (lengths[:, None] + torch.arange(T, device=dev)).contiguous()
+            lengths = np.full(B, 5)
+            pos = (5 + torch.arange(T, device=dev)).expand(B, T).contiguous()
             ids = torch.zeros(B, T, dtype=torch.long, device=dev)
             if model == "target":
                 vis = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T).contiguous()
@@ -469,8 +472,8 @@ class ModelRunner:
             else:
                 C = 3
                 ctx = torch.zeros(B, C, self.drafter.fc.in_features, dtype=self.dtype, device=dev)
-                ctx_pos = (lengths[:, None] + torch.arange(C, device=dev)).contiguous()
-                self.run_drafter(ids, pos, ctx, ctx_pos, list(range(B)), lengths.clone(),
+                ctx_pos = (5 + torch.arange(C, device=dev)).expand(B, C).contiguous()
+                self.run_drafter(ids, pos, ctx, ctx_pos, list(range(B)), lengths,
                                  torch.full((B,), C, device=dev), torch.full((B,), T, device=dev))
             if bar is not None:
                 bar.update()

@@ -10,8 +10,10 @@ each committed request-round for the trace (`RoundRecord`) and its cumulative co
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -35,7 +37,7 @@ class VerifyInput:
     flat: np.ndarray         # [R] flat indices (b * T + t) of the valid nodes, sequence-major
     ids: torch.Tensor        # [B, T] `tokens` on the device
     positions: torch.Tensor  # [B, T] RoPE position = length + depth (cache row = length + node index)
-    lengths: torch.Tensor    # [B] committed rows each sequence's nodes see
+    lengths: np.ndarray      # [B] committed rows each sequence's nodes see (host: the runner copies it over)
     mask: torch.Tensor       # [B, T, T] `vis` on the device
     nodes: torch.Tensor      # [R] `flat` on the device
     sizes: list[int]         # nodes per sequence (root included)
@@ -87,7 +89,7 @@ def pack_trees(trees: list[DraftTree], lengths: list[int], device) -> VerifyInpu
     dev = torch.device(device)
     return VerifyInput(tokens=tokens, parents=parents, depths=depths, valid=valid, vis=vis, flat=flat,
                        ids=torch.from_numpy(tokens).to(dev), positions=torch.from_numpy(positions).to(dev),
-                       lengths=torch.tensor(lengths, dtype=torch.long, device=dev),
+                       lengths=np.asarray(lengths, dtype=np.int64),
                        mask=torch.from_numpy(vis).to(dev), nodes=torch.from_numpy(flat).to(dev),
                        sizes=[t.size for t in trees], deepest=[max(t.depths) for t in trees])
 
@@ -101,7 +103,8 @@ def pack_prefill(chunks: list[list[int]], starts: list[int], device):
     """Prompt chunks (each after its `starts[b]` cached rows) as one target forward: ids [B, T]
     (padded), positions [B, T], the rows cached before each chunk [B], visibility [B, T, T]
     (causal among a chunk's own tokens; padding sees only itself, so no row is all masked) and
-    the flat index of each chunk's last token [B] (the rows whose logits are kept)."""
+    the flat index of each chunk's last token [B] (the rows whose logits are kept). The starts
+    stay on the host (the runner copies them over)."""
     B, T = len(chunks), max(len(c) for c in chunks)
     ids = torch.zeros(B, T, dtype=torch.long)
     for b, c in enumerate(chunks):
@@ -112,7 +115,7 @@ def pack_prefill(chunks: list[list[int]], starts: list[int], device):
     vis = (t[None, :, None] >= t[None, None, :]) & (t[None, None, :] < n[:, None, None])
     vis |= torch.eye(T, dtype=torch.bool, device=device)
     last = torch.arange(B, device=device) * T + n - 1
-    return ids.to(device), start[:, None] + t, start, vis, last
+    return ids.to(device), start[:, None] + t, np.asarray(starts, dtype=np.int64), vis, last
 
 
 def beyond_blocks(seqs: list[Sequence], rows) -> int:
@@ -170,6 +173,32 @@ class RoundTimes:
         return {f.name: t for f in fields(self) if (t := getattr(self, f.name))}
 
 
+class PhaseClock:
+    """Times the phases of engine steps: `with clock("draft"): ...` adds the block's seconds to the
+    step's times (`step`, fresh each `new_step`) and to the totals over every step (`total`)."""
+
+    def __init__(self):
+        self.total, self.step = RoundTimes(), RoundTimes()
+        self.started = time.perf_counter()
+
+    def new_step(self) -> None:
+        self.step, self.started = RoundTimes(), time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since this step began."""
+        return time.perf_counter() - self.started
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self.total.add(phase, dt)
+            self.step.add(phase, dt)
+
+
 @dataclass(slots=True)
 class RoundRecord:
     """One sequence's committed round as `Engine.round_log` keeps it (the trace reads these)."""
@@ -178,7 +207,7 @@ class RoundRecord:
     path: list[int]                # the accepted nodes, root first
     bonus: int                     # the token the target drew after them
     predicted_tau: float | None    # budget="auto": the tau its choice expected
-    times: RoundTimes | None = None  # the step's phase times (set once the step's commits are done)
+    times: RoundTimes | None = None  # its step's phase times (complete once the step is)
 
     @property
     def tau(self) -> int:

@@ -12,8 +12,8 @@ is prefilled over several steps, interleaved with the running sequences' rounds.
 A waiting request is admitted (FIFO, never skipped) when a slot is free and its prompt's pages
 fit; the pages its prompt shares with cached ones (prefix caching) are adopted, not computed.
 
-It runs no model and knows no method; the engine tells it how many rows a sequence's round may
-write (`round_rows`) and whether a prefix hit needs drafted pages (`match_drafted`: with a drafter,
+It runs no model and knows no method; a sequence says how many rows its round may write
+(`Sequence.round_rows`), and the engine says whether a prefix hit needs drafted pages (`match_drafted`: with a drafter,
 every request writes its drafter rows, so every request matches only pages that hold them).
 It keeps no counters: each step's `Schedule` says whom it preempted and how many prompt tokens its
 admissions adopted from the prefix cache, and the engine counts those (`EngineStats`).
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .round import StepEvent
 from .sequence import Sequence
 
 
@@ -73,10 +74,10 @@ def _largest_fitting(seqs: list[Sequence], t: int, fits: Callable[[list[Sequence
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int,
-                 round_rows: Callable[[Sequence], int], match_drafted: bool):
+                 match_drafted: bool):
         self.blocks = blocks
         self.max_batch_size, self.max_num_batched_tokens = max_batch_size, max_num_batched_tokens
-        self.round_rows, self.match_drafted = round_rows, match_drafted
+        self.match_drafted = match_drafted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []   # in admission order
 
@@ -85,7 +86,7 @@ class Scheduler:
         out = Schedule()
         for s in list(self.running):
             if s in self.running and s.decoding and not s.finished:  # pages for its round (or preempted)
-                self._reserve(s, s.length + self.round_rows(s), out)
+                self._reserve(s, s.length + s.round_rows, out)
         prefilling = [s for s in self.running if not s.decoding and not s.finished]
         left = self.max_num_batched_tokens - sum(_rest(s) for s in prefilling)
         while (left > 0 and self.waiting and len(self.running) < self.max_batch_size
@@ -108,7 +109,7 @@ class Scheduler:
         # (a prompt whose logprobs are asked for is computed whole: an adopted page has no logits)
         pages, names = b.match(ids, self.match_drafted) if not s.wants_prompt_rows else ([], [])
         hit = b.adopt(slot, pages, names)
-        if not b.reserve(slot, len(ids) + self.round_rows(s)):
+        if not b.reserve(slot, len(ids) + s.round_rows):
             b.free(slot)
             return False
         s.slot, s.prefilled, s.length = slot, hit, hit
@@ -132,6 +133,22 @@ class Scheduler:
         self.blocks.free(s.slot)
         s.slot, s.prefilled, s.length, s.decoding = -1, 0, 0, False
         self.waiting.appendleft(s)
+
+    def decoding(self) -> list[Sequence]:
+        """The running sequences past their prefill: this step's round."""
+        return [s for s in self.running if s.decoding and not s.finished]
+
+    def postprocess(self) -> tuple[list[StepEvent], list[Sequence]]:
+        """After the step: an event for each running sequence with tokens not yet reported or a
+        finish, and the finished sequences (the engine releases them)."""
+        events, finished = [], []
+        for s in self.running:
+            if len(s.output_ids) > s.emitted or s.finished:
+                events.append(StepEvent(s, s.output_ids[s.emitted:]))
+                s.emitted = len(s.output_ids)
+            if s.finished:
+                finished.append(s)
+        return events, finished
 
     def release(self, s: Sequence) -> None:
         """A finished or aborted sequence leaves: its slot and pages go back."""

@@ -125,6 +125,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def round_rows(self) -> int:
+        """The most cache rows one round writes past its length: its largest tree."""
+        return max(self.budget + 1, self.block_size)
+
     def depth_limit(self, max_model_len: int) -> int:
         """Deepest draft worth verifying: no deeper than the block, the tokens still allowed
         (a round emits depth+1 tokens), or the context limit."""

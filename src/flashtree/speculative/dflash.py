@@ -8,7 +8,6 @@ the accepted nodes), and the next pass reads and caches them first. One pass run
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -41,12 +40,12 @@ class DrafterRunner(Protocol):
 
 class DFlashDrafts:
     """The drafter pass. `source(seqs) -> {seq: DraftOutput}` is where drafts come from: this
-    pass (`run`) by default, or a test's oracle with the same signature. `ranks(seq)` is the
-    top-k width of the draft seq's method needs per depth."""
+    pass (`run`) by default, or a test's oracle with the same signature. Each method says, as it
+    asks for its sequences' drafts (`want`), how many ranks per depth it reads (`ranks`)."""
 
-    def __init__(self, runner: DrafterRunner, mask_token_id: int, device: torch.device,
-                 ranks: Callable[[Sequence], int]):
-        self.runner, self.mask_token_id, self.device, self.ranks = runner, mask_token_id, device, ranks
+    def __init__(self, runner: DrafterRunner, mask_token_id: int, device: torch.device):
+        self.runner, self.mask_token_id, self.device = runner, mask_token_id, device
+        self.ranks: dict[Sequence, int] = {}   # top-k width per depth each sequence's method reads
         self.cached: dict[Sequence, int] = {}  # rows in the drafter cache (those below s.length past them: pending)
         self.fed: dict[Sequence, int] = {}     # pending rows this round's pass wrote to the cache
         self.source = self.run
@@ -54,10 +53,16 @@ class DFlashDrafts:
         self._wanted: list[Sequence] = []   # this round's sequences of every drafter-based method
         self._out: dict | None = None       # their drafts, once the round's one pass ran
 
-    def want(self, seqs: list[Sequence]) -> None:
+    def want(self, seqs: list[Sequence], ranks: list[int]) -> None:
+        """seqs' drafts are wanted this round, each read to its `ranks` per depth."""
         if self._out is not None:   # the first `want` of a new round
             self._wanted, self._out = [], None
         self._wanted += seqs
+        self.read_to(seqs, ranks)
+
+    def read_to(self, seqs: list[Sequence], ranks: list[int]) -> None:
+        """A pass returns each of seqs' drafts to its `ranks` per depth (until it is released)."""
+        self.ranks.update(zip(seqs, ranks))
 
     def take(self, seqs: list[Sequence]) -> list[DraftOutput | None]:
         """The drafts of `seqs` from one pass over every sequence wanted this round."""
@@ -88,15 +93,17 @@ class DFlashDrafts:
 
         def tensor(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(dev)
-        past, ctx_len = tensor(past_np), tensor(n_ctx)
+        ctx_len = tensor(n_ctx)
         ctx_pos = tensor(past_np[:, None] + np.arange(C))                    # [B, C]
         block, block_pos = tensor(block_np), tensor(lengths[:, None] + np.arange(K))   # [B, K]
         block_len = tensor(np.array([s.block_size for s in seqs]))
-        logprobs = self.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past, ctx_len,
+        logprobs = self.runner.run_drafter(block, block_pos, ctx, ctx_pos, slots, past_np, ctx_len,
                                            block_len)                        # [B, K-1, Vd]
-        k = min(max(self.ranks(s) for s in seqs), logprobs.shape[-1])
+        k = min(max(self.ranks.get(s, 1) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
-        top_lp, top_ids = top_lp.cpu().numpy(), top_ids.cpu().numpy()  # host copy 1 of 2 (2: the draws)
+        # the pass's one host copy (a round's other: the draws), values and ids together (exact in float64)
+        both = torch.stack([top_lp.double(), top_ids.double()]).cpu().numpy()
+        top_lp, top_ids = both[0].astype(np.float32), both[1].astype(np.int64)
         if self.runner.draft_ids is not None:  # draft-vocabulary indices -> token ids
             top_ids = self.runner.draft_ids[top_ids]
         self.fed.update(zip(seqs, fed))
@@ -138,6 +145,7 @@ class DFlashDrafts:
     def release(self, seq: Sequence) -> None:
         self.cached.pop(seq, None)
         self.fed.pop(seq, None)
+        self.ranks.pop(seq, None)
 
 
 class DFlash(Proposer):
@@ -162,7 +170,7 @@ class DFlash(Proposer):
         return 1
 
     def prepare(self, seqs) -> None:
-        self.drafter_pass.want(seqs)
+        self.drafter_pass.want(seqs, [self.ranks(s) for s in seqs])
 
     def draft(self, seqs, depths) -> list:
         return self.drafter_pass.take(seqs)
