@@ -311,11 +311,11 @@ def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     st.recent.append(path_logprobs(tree)[1:])
     for _ in range(20):                                                         # ... whose nodes were all accepted
         st.calibration.update(st.recent[-1], np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
-    assert ctl.wants_draft([seq], 1, catch_up=lambda: 0)
+    assert ctl.wants_draft([seq], 1, catch_up=0)
     ctl.steady = None
-    assert ctl.wants_draft([seq], 1, catch_up=lambda: 20)        # 1 ms more: still pays
+    assert ctl.wants_draft([seq], 1, catch_up=20)        # 1 ms more: still pays
     ctl.steady = None
-    assert not ctl.wants_draft([seq], 1, catch_up=lambda: 400)   # 20 ms more: plain is faster
+    assert not ctl.wants_draft([seq], 1, catch_up=400)   # 20 ms more: plain is faster
     # fit: the round's break-even counts the rows it caught up on
     _, (steady,) = ctl.fit([seq], [tree], 1)
     _, (probe,) = ctl.fit([seq], [tree], 1, caught_up=400)

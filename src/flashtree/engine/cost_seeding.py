@@ -63,10 +63,15 @@ def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
 
 
 class CostSeeder:
-    def __init__(self, engine: Engine, costs: CostTable):
-        self.engine, self.costs = engine, costs
+    def __init__(self, engine: Engine):
+        self.engine = engine
         self.started = False                   # a sequence that uses the costs came in
         self.plan: deque[Probe] | None = None  # built at the first step (it sizes batches by free slots)
+
+    @property
+    def costs(self) -> CostTable:
+        """The table it seeds: auto's."""
+        return self.engine.adaptive.costs
 
     @property
     def done(self) -> bool:

@@ -140,7 +140,7 @@ class Engine:
         self.round_log: list[RoundRecord] | None = None  # set to [] to record every round (trace)
         self.stats = EngineStats()
         self.consecutive_failures = 0  # sequences failed since the last commit
-        self.seeder = CostSeeder(self, self.adaptive.costs)  # times forwards for auto's costs once one is used
+        self.seeder = CostSeeder(self)  # times forwards for auto's costs once one is used
         self.batch_graphs_built = True  # False: a batch's compiled graphs are built when a batch first runs
 
     def warmup(self, progress: bool = False, batched: bool = True, helper=None, background=None) -> None:

@@ -27,7 +27,6 @@ build trees, verify or sample.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -197,17 +196,15 @@ class AdaptiveBudget:
             return None
         return peers_clock([(st.probe_gap, st.undrafted) for st in peers], self.probe_every)
 
-    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: Callable[[], int] | None = None,
-                    held: int = 0) -> bool:
+    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: int = 0, held: int = 0) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto; `held`:
         the batch the engine has work for, prefilling and waiting sequences included — the batch
         size class they run in, see `regime`)? Yes
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
         repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
-        drafter's cost included — with the context rows the pass would first feed (`catch_up()`:
-        what the sequences decoded plainly since they last drafted; asked only when the curves
-        are compared), which this round pays."""
+        drafter's cost included — with the context rows the pass would first feed (`catch_up`:
+        what the sequences decoded plainly since they last drafted), which this round pays."""
         if self.holds(seqs, batch):
             return False
         self.steady = None
@@ -230,7 +227,7 @@ class AdaptiveBudget:
         if due:
             return True
         curves = [mean_curve(st.recent, st.calibration) for st in states]
-        draft = c.draft(batch) + c.catch_up(catch_up() if catch_up else 0)
+        draft = c.draft(batch) + c.catch_up(catch_up)
         wants = drafting_pays(curves, c, batch, draft, fixed=batch - len(seqs))
         for st in states:
             st.prefers_plain = not wants
