@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flashtree.cli import main
+from flashtree.cli import build_parser, main
 from flashtree.measure.bench import (
     BenchPlan,
     ComponentCosts,
@@ -242,17 +242,17 @@ def test_tree_size_of_a_capped_tree():
     assert Config("ddtree", 7, 1).label == "ddtree@7/topk1" and Config("ddtree", 7).label == "ddtree@7"
 
 
-def _wrong_bonus(tokens, parents, depths, valid, draws, vis):
+def _wrong_bonus(batch, vin, logits, draw):
     """A broken verifier: whenever a draft was verified, the bonus repeats the root token."""
     import numpy as np
 
-    from flashtree.speculative.verify import verify_tree
-    out = verify_tree(tokens, parents, depths, valid, draws, vis)
-    out.bonus = np.where(valid[:, 1:].any(1), tokens[:, 0], out.bonus)
+    from flashtree.engine.round import verify_round
+    out = verify_round(batch, vin, logits, draw)
+    out.bonus = np.where(vin.valid[:, 1:].any(1), vin.tokens[:, 0], out.bonus)
     return out
 
 
-def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, monkeypatch, capsys):
+def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, capsys):
     """`--temperatures 0,0.6 --top-p 0.95` with capped trees: per temperature tok/s, tau and exact; a
     broken verifier turns every speculative cell's exact to NO and the exit code to 1."""
     target, draft, prompts = pair
@@ -274,9 +274,9 @@ def test_the_seeds_sweep_is_one_command_and_one_table(pair, tmp_path, monkeypatc
         assert f"{c['tok_s']:.1f}" in row and f"{c['mean_accept_length']:.2f}" in row
     assert "exact: at T=0 greedy identity" in (tmp_path / "good" / "report.md").read_text()
 
-    import flashtree.engine.round as round_module  # the walk every engine's `verify_round` calls
-    monkeypatch.setattr(round_module, "verify_tree", _wrong_bonus)
-    assert main(argv + ["--out", str(tmp_path / "bad")]) == 1
+    parser, commands = build_parser()  # the command with the engine's verifier seam set on every engine
+    wrong = lambda engine: setattr(engine, "verifier", _wrong_bonus)
+    assert commands["bench"].run(parser.parse_args(argv + ["--out", str(tmp_path / "bad")]), patch=wrong) == 1
     out, err = capsys.readouterr()
     rep = json.loads((tmp_path / "bad" / "bench.json").read_text())
     for c in rep["cells"]:

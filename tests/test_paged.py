@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 def engine(models, **kw):
     target, drafter = models
-    kw = {"max_model_len": 160, "page_size": 4, **kw}
+    kw = {"method": "ddtree", "max_model_len": 160, "page_size": 4, **kw}
     return Engine(target, drafter, EngineConfig(**kw))
 
 

@@ -376,12 +376,12 @@ def test_queue_full_is_503(server):
 
 def test_disconnect_frees_the_slot(server, monkeypatch):
     engine = server.llm.engine
-    step = engine.step
+    verify = engine.verifier
 
-    def slow_step():  # keep requests running long enough to leave in the middle
+    def slow_verifier(*round_):  # (the engine's verify seam) keep requests running long enough to leave
         time.sleep(0.02)
-        return step()
-    monkeypatch.setattr(engine, "step", slow_step)
+        return verify(*round_)
+    monkeypatch.setattr(engine, "verifier", slow_verifier)
     aborts = metric(server.base, "flashtree_requests_total", {"status": "abort"})
     body = {"prompt": "t1 t2", "max_tokens": 400, "temperature": 0, "stream": True,
             "speculative": {"method": "ar"}}

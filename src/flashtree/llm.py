@@ -15,7 +15,7 @@ from pathlib import Path
 from . import cpu
 from .engine import compile_helper
 from .engine.engine import Engine
-from .engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE, EngineConfig
+from .engine.engine_config import PRECOMPILE, EngineConfig, default
 from .engine.sequence import RequestMetrics, Sequence, TokenLogprob
 from .errors import UserError
 from .grammar import Grammars
@@ -23,17 +23,10 @@ from .models.loader import load_drafter, load_target
 from .models.quant import describe as describe_quant
 from .models.registry import BUNDLED_DRAFTER, BUNDLED_TARGET, resolve  # noqa: F401 (re-exported)
 from .sampling_params import SamplingParams
-from .speculative.proposer import METHODS, needs_drafter
+from .speculative.proposer import METHODS, default_method, needs_drafter
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("flashtree")
-
-
-def default_method(draft) -> str:
-    """method=None: hybrid when the model has a drafter, else ngram — both sized by budget "auto",
-    which decodes plainly where drafting does not pay (hybrid was the best config in every run on
-    the real pair; ngram needs no drafter)."""
-    return "hybrid" if draft is not None else "ngram"
 
 
 def _progress(total: int, use_tqdm: bool):
@@ -68,22 +61,27 @@ def freeze_heap(owner) -> None:
 
 
 class LLM:
+    # the engine's options default to EngineConfig's (`default`); None for the n-gram sizes: the
+    # method's own
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  method: str | None = None, budget: int | str | None = None, topk: int | None = None,
-                 block_size: int | None = None, device: str = "auto", dtype: str = "auto", max_batch_size: int = 8,
-                 max_model_len: int | None = None, max_queue: int = 1024, max_ngram: int | None = None,
-                 min_ngram: int | None = None, draft_len: int | None = None, compile: bool | str = "auto",
-                 enable_prefix_caching: bool = True, page_size: int = 16, kv_cache_tokens: int | None = None,
-                 max_num_batched_tokens: int | None = None, prefill_stall: float | None = DEFAULT_PREFILL_STALL,
-                 tensor_parallel_size: int = 1, precompile: str = "single", threads: int | None = None,
-                 quant: str | None = "auto", grammar_drafts: bool = True):
+                 block_size: int | None = None, device: str = "auto", dtype: str = "auto",
+                 max_batch_size: int = default("max_batch_size"), max_model_len: int | None = None,
+                 max_queue: int = default("max_queue"), max_ngram: int | None = None,
+                 min_ngram: int | None = None, draft_len: int | None = None,
+                 compile: bool | str = default("compile"),
+                 enable_prefix_caching: bool = default("enable_prefix_caching"), page_size: int = default("page_size"),
+                 kv_cache_tokens: int | None = None, max_num_batched_tokens: int | None = None,
+                 prefill_stall: float | None = default("prefill_stall"), tensor_parallel_size: int = 1,
+                 precompile: str = "single", threads: int | None = None, quant: str | None = "auto",
+                 grammar_drafts: bool = default("grammar_drafts")):
         if precompile not in PRECOMPILE:
             raise UserError(f"precompile must be one of {', '.join(map(repr, PRECOMPILE))}, got {precompile!r}")
         self.precompile = precompile
         found = resolve(model, draft)  # a name, an HF directory or a .gguf (converted once, cached)
         model, draft = found.target, found.drafter
         self.model_name = found.name
-        self.method = method = method or default_method(draft)
+        self.method = method = method or default_method(draft is not None)
         config = EngineConfig(method=method, budget=budget, topk=topk, block_size=block_size,
                               max_batch_size=max_batch_size, max_model_len=max_model_len,
                               max_queue=max_queue, compile=compile, enable_prefix_caching=enable_prefix_caching,

@@ -155,7 +155,8 @@ def portable_command(argv: list[str]) -> str:
     return shlex.join(["flashtree"] + [one(a) for a in argv])
 
 
-def run(args) -> int:
+def run(args, patch=None) -> int:
+    """The bench command; `patch(engine)` runs on every engine it measures (tests: a wrong verifier)."""
     from tqdm import tqdm
 
     from ..measure import bench as bm
@@ -202,7 +203,7 @@ def run(args) -> int:
         print(f"flashtree bench: warning: 1-minute load average {load_before['load_1m']} on "
               f"{load_before['cpus']} CPUs: other work will skew the numbers", file=sys.stderr)
     with tqdm(total=plan.passes(sum(len(p.runs) for p in peers)), desc="bench", unit="pass", file=sys.stderr) as bar:
-        results = bm.run_bench(llm, prompt_ids, base, plan, peers, progress=bar)
+        results = bm.run_bench(llm, prompt_ids, base, plan, peers, progress=bar, patch=patch)
     path = env.cpu_path()
     meta = {
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "command": portable_command(sys.argv[1:]),

@@ -5,9 +5,9 @@ import argparse
 import json
 import sys
 
-from ..engine.engine_config import DEFAULT_PREFILL_STALL, PRECOMPILE
+from ..engine.engine_config import PRECOMPILE, default
 from ..errors import UserError
-from ..speculative.proposer import METHODS, proposer_class, takers
+from ..speculative.proposer import METHODS, default_method, proposer_class, takers
 
 
 def budget_arg(text: str) -> int | str:
@@ -55,7 +55,8 @@ def add_model_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="the most compute threads (default: FLASHTREE_THREADS, else one per core); they follow the "
                         "cores other processes leave free unless FLASHTREE_THREAD_POLICY=fixed")
-    p.add_argument("--page-size", type=int, default=16, help="KV cache tokens per page (default 16)")
+    p.add_argument("--page-size", type=int, default=default("page_size"),
+                   help=f"KV cache tokens per page (default {default('page_size')})")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV pages of a prompt prefix seen before (default: on)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -64,9 +65,9 @@ def add_model_arguments(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="prompt rows prefilled per step (the chunks padded to the longest); longer prompts are "
                         "prefilled in chunks between the running requests' rounds (default 256)")
-    p.add_argument("--prefill-stall", type=prefill_stall, default=DEFAULT_PREFILL_STALL,
+    p.add_argument("--prefill-stall", type=prefill_stall, default=default("prefill_stall"),
                    help="while requests decode, a step's prompt chunks take at most this many of their rounds "
-                        f"(learned times; default {DEFAULT_PREFILL_STALL:g}); 'off': the row budget only")
+                        f"(learned times; default {default('prefill_stall'):g}); 'off': the row budget only")
 
 
 def prefill_stall(value: str) -> float | None:
@@ -102,9 +103,8 @@ def load_llm(args, precompile: str = "single", **kw):
     except (ValueError, RuntimeError) as e:
         raise UserError(f"--device {args.device} --dtype {args.dtype}: {e}") from None
     if args.method is None:
-        from ..llm import default_method
         from ..models.registry import resolve
-        args.method = default_method(resolve(args.model, args.draft).drafter)
+        args.method = default_method(resolve(args.model, args.draft).drafter is not None)
     check_topk(args)
     return LLM(model=args.model, draft=args.draft, method=args.method, budget=args.budget, topk=args.topk,
                block_size=args.block_size, device=args.device, dtype=args.dtype, quant=args.quant,

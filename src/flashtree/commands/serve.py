@@ -7,6 +7,7 @@ import logging
 import os
 
 from .. import switches
+from ..engine.engine_config import default
 from ..errors import UserError
 from ..server.limits import ServerLimits
 from ..server.logs import LOG_FORMATS, configure_logging
@@ -27,8 +28,10 @@ def add_arguments(p) -> None:
                         "$FLASHTREE_API_KEY, else none); prefer the variable: arguments are visible in ps")
     p.add_argument("--allowed-hosts", default=None,
                    help="comma-separated Host names served (default: loopback names on a loopback bind, else any)")
-    p.add_argument("--max-batch-size", type=int, default=8, help="requests per round (KV cache slots; default 8)")
-    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 503 (default 1024)")
+    p.add_argument("--max-batch-size", type=int, default=default("max_batch_size"),
+                   help=f"requests per round (KV cache slots; default {default('max_batch_size')})")
+    p.add_argument("--max-queue", type=int, default=default("max_queue"),
+                   help=f"waiting requests before 503 (default {default('max_queue')})")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     p.add_argument("--max-body-size", type=int, default=d.max_body_bytes,
                    help=f"largest request body in bytes, else 413 (default {d.max_body_bytes})")

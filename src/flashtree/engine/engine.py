@@ -35,6 +35,7 @@ from ..speculative.proposer import (
     Proposer,
     ProposerContext,
     check_method,
+    default_method,
     proposer_class,
     refuse_options,
 )
@@ -92,8 +93,9 @@ class Engine:
             self.drafter_block_size = dc.block_size
         else:
             self.feature_layers, self.drafter_block_size = None, 0
-        method = check_method(config.method, drafter is not None)
-        refuse_options(config.method, budget=config.budget, topk=config.topk)
+        self.method = config.method or default_method(drafter is not None)  # a request's when it names none
+        method = check_method(self.method, drafter is not None)
+        refuse_options(self.method, budget=config.budget, topk=config.topk)
         self.limits = RequestLimits.build(
             drafter_block_size=self.drafter_block_size, block_size=config.block_size, max_budget=config.max_budget,
             auto_budget=min(config.auto_max_budget, config.max_budget),  # an auto tree's most nodes
@@ -167,7 +169,7 @@ class Engine:
                     budget: int | str | None = None, block_size: int | None = None,
                     topk: int | None = None, **options) -> Sequence:
         """options: method-specific settings (e.g. ngram's max_ngram, min_ngram, draft_len)."""
-        method = method or self.config.method
+        method = method or self.method
         check_method(method, self.drafter is not None)
         unknown = sorted(set(options) - set(OPTION_MEANING))
         if unknown:

@@ -5,7 +5,7 @@ decide anything per round: the engine (`engine.py`) reads these once when it is 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 from ..errors import UserError
 from ..speculative.limits import AUTO
@@ -30,7 +30,7 @@ PRECOMPILE = ("single", "all", "background")
 
 @dataclass(slots=True)
 class EngineConfig:
-    method: str = "ddtree"
+    method: str | None = None        # None = the pair's default (speculative.proposer.default_method)
     budget: int | str | None = None  # ddtree nodes per round, or "auto" (chosen each round); None = DEFAULT_BUDGET
     topk: int | None = None          # most children per ddtree node (1 = a chain); None = no cap
     block_size: int | None = None    # None = the drafter's block size
@@ -43,7 +43,7 @@ class EngineConfig:
     min_ngram: int = 1               # ngram: the shortest
     draft_len: int = 10              # ngram: the longest chain copied (transformers' prompt_lookup_num_tokens)
     max_consecutive_failures: int = 8  # sequences failing in a row (none committing) = a broken engine
-    compile: bool | str = False      # the model runner's forwards: "auto" | True | False (eager)
+    compile: bool | str = "auto"     # the model runner's forwards: "auto" | True | False (eager)
     page_size: int = 16              # KV cache rows per page
     kv_cache_tokens: int | None = None  # KV capacity in tokens; None = max_batch_size full-length sequences
     enable_prefix_caching: bool = True  # reuse cached pages of equal prompt prefixes
@@ -55,7 +55,7 @@ class EngineConfig:
     grammar_drafts: bool = True      # structured output: drafts pruned, over-drafted, forced (False: masks only)
 
     def __post_init__(self):
-        if self.method not in METHODS:
+        if self.method is not None and self.method not in METHODS:
             raise UserError(f"method '{self.method}' is not supported; choose one of {', '.join(METHODS)}")
         if self.max_batch_size < 1:
             raise UserError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
@@ -80,6 +80,14 @@ class EngineConfig:
                                                not self.prefill_stall > 0):
             raise UserError(f"prefill_stall must be a number > 0 (a prefill beside decoding streams takes at most "
                             f"that many of their rounds) or None (no pacing), got {self.prefill_stall!r}")
+
+
+def default(option: str):
+    """EngineConfig's default for `option`: the one list of defaults `LLM`, the CLI and the
+    server read."""
+    f = next(f for f in fields(EngineConfig) if f.name == option)
+    assert f.default is not MISSING, option
+    return f.default
 
 
 KV_MEMORY_SHARE = 0.5  # the default pool is at most this share of the memory available at load

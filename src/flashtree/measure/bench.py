@@ -355,9 +355,12 @@ def slices(n: int, concurrency: int, size: int) -> list[range]:
 
 
 def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: BenchPlan,
-              peers: Sequence[Peer] = (), progress=None) -> dict:
+              peers: Sequence[Peer] = (), progress=None, patch=None) -> dict:
     """Measure every (temperature, concurrency, config) cell and the peers' configurations (at
-    the lowest concurrency, after our slices of each repeat, every prompt); return the report."""
+    the lowest concurrency, after our slices of each repeat, every prompt); return the report.
+    `patch(engine)` runs on every engine measured or checked (tests: a wrong verifier)."""
+    if patch is not None:
+        patch(llm.engine)
     tick = progress.update if progress is not None else (lambda n=1: None)
     block_size = llm.engine.limits.default_block_size
     loaded_compiled = llm.engine.runner.compiled  # the mode of configs without one
@@ -403,7 +406,7 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
                     else:  # one cell per (config, temperature), whatever the concurrency
                         if (cfg, temp) not in chi_square:
                             chi_square[cfg, temp] = chi_square_cell(
-                                cfg, replace(base, temperature=temp), plan.exact_samples,
+                                cfg, replace(base, temperature=temp), plan.exact_samples, patch=patch,
                                 compiled=loaded_compiled if cfg.compiled is None else cfg.compiled)
                         cell["exact"] = with_seeded_identity(chi_square[cfg, temp],
                                                              token_identity(runs, cfg, "seeded identity"))

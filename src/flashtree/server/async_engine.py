@@ -137,7 +137,7 @@ class AsyncEngine:
     def __init__(self, llm, metrics: ServerMetrics, limits: ServerLimits | None = None, on_fatal=None,
                  log_interval_s: float | None = 10.0):
         self.llm, self.engine, self.metrics = llm, llm.engine, metrics
-        self.decode_log = DecodeBatchLog(log_interval_s, self.engine.config.method)
+        self.decode_log = DecodeBatchLog(log_interval_s, self.engine.method)
         self.limits = limits or ServerLimits()
         self.on_fatal = on_fatal        # called (from the loop thread) when the engine breaks for good
         self.failure: str | None = None  # why the loop stopped, if it broke

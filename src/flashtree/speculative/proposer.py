@@ -126,6 +126,13 @@ def takers(option: str) -> list[str]:
     return [m for m in METHODS if option in proposer_class(m).options]
 
 
+def default_method(has_drafter: bool) -> str:
+    """method=None: hybrid when the model has a drafter, else ngram — both sized by budget "auto",
+    which decodes plainly where drafting does not pay (hybrid was the best config in every run on
+    the real pair; ngram needs no drafter)."""
+    return "hybrid" if has_drafter else "ngram"
+
+
 def check_method(method: str, has_drafter: bool) -> type[Proposer]:
     """The method's proposer class; a name not registered, or a drafter method without a
     drafter, is refused saying what is possible."""
