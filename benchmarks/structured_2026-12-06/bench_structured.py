@@ -7,7 +7,7 @@ schema's JSON — once with the grammar's drafting (pruned, over-drafted, forced
 once with masks only (grammar_drafts=False: the same output, the drafter's trees as they come).
 Runs are interleaved per chat: free, schema, schema masks-only, ... in one process.
 
-    python scripts/bench_structured.py --out benchmarks/structured_2026-12-06/run.json
+    python benchmarks/structured_2026-12-06/bench_structured.py --out benchmarks/structured_2026-12-06/run.json
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 vocabulary (its tokenizer.json from the GGUF), the mask before each token of three valid documents
 (the first of four passes dropped), and a tree walk (8 tokens fed and masked, then rolled back).
 
-    python scripts/compare_grammar_libraries.py   # needs `pip install llguidance` besides xgrammar
+    python benchmarks/structured_2026-12-06/compare_grammar_libraries.py   # needs `pip install llguidance` besides xgrammar
 """
 import json
 import time

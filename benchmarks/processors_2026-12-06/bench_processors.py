@@ -2,7 +2,7 @@
 fixed budget, greedy, the same chats with and without processors, interleaved; the verify walk's
 time (where the sampler processes each node's row along its path) per verified node.
 
-    python scripts/bench_processors.py
+    python benchmarks/processors_2026-12-06/bench_processors.py
 """
 from __future__ import annotations
 
