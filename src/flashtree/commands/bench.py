@@ -188,7 +188,8 @@ def run(args, patch=None) -> int:
     prompts = load_prompts(args.prompts)[:args.num_prompts]
     if not prompts:
         raise UserError(f"{args.prompts or PROMPTS_FILE}: no prompts")
-    args.method = "ddtree" if any(needs_drafter(m) for m in plan.methods) else "ar"
+    # loaded with a method the plan runs (a drafter one where it has any: the drafter is then required)
+    args.method = next((m for m in plan.methods if needs_drafter(m)), plan.methods[0])
     args.topk = None  # caps are per pass (--topks)
     if getattr(args, "draft_len", None) is None:  # ngram copies as many tokens as the prompt-lookup peer
         args.draft_len = args.prompt_lookup_tokens

@@ -23,6 +23,7 @@ import torch
 
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
+from ..speculative.proposer import Proposer
 from ..speculative.tree import chain_tree
 from .model_runner import RankLost
 from .round import pack_trees
@@ -57,9 +58,33 @@ def seeding_plan(engine: Engine, free: int, tokens=SEED_TOKENS) -> list[Probe]:
     widest = min(max(tokens), engine.limits.auto_budget + 1, engine.max_model_len - 1)
     widths = sorted({t for t in tokens if t <= widest} | {widest})
     plan = [Probe("verify", B, T) for B in batches for T in widths]
-    if engine.drafts is not None and "ddtree" in engine.proposers:
+    if tree_builder(engine) is not None:
         plan += [Probe("draft", B) for B in batches]
     return plan
+
+
+def verify_call(engine: Engine, slots: list[int], tokens: int, context: int):
+    """A call of the target forward a round verifying a chain of `tokens` tokens runs, on cache
+    `slots` after `context` rows (the bench times the same call)."""
+    vin = pack_trees([chain_tree(0, [0] * (tokens - 1)) for _ in slots], [context] * len(slots), engine.device)
+    return lambda: engine.runner.run_target(vin.ids, vin.positions, slots, vin.lengths, vin.mask, vin.nodes)
+
+
+def timed(call, device: torch.device) -> float:
+    """Seconds of one call, its device work included (the seeding's and the bench's one timer)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def tree_builder(engine: Engine) -> Proposer | None:
+    """The method whose drafter pass and trees the seeding times: the first that builds trees of
+    a node budget from the drafter (auto's trees), where the engine has one."""
+    return next((p for p in engine.proposers.values() if p.needs_drafter and p.sized_by_budget), None)
 
 
 class CostSeeder:
@@ -143,14 +168,11 @@ class CostSeeder:
         try:
             with torch.inference_mode():
                 if probe.kind == "verify":
-                    vin = pack_trees([chain_tree(0, [0] * (probe.tokens - 1)) for _ in slots], [ctx] * len(slots),
-                                     eng.device)
-                    call = lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths,
-                                                         vin.mask, vin.nodes)
+                    call = verify_call(eng, slots, probe.tokens, ctx)
                 else:
-                    builder = eng.proposers["ddtree"]
+                    builder = tree_builder(eng)
                     seqs = [Sequence(req_id=-1, prompt_ids=[0] * ctx, params=SamplingParams(max_tokens=2),
-                                     method="ddtree", block_size=eng.limits.default_block_size, budget=eng.limits.auto_budget,
+                                     method=builder.name, block_size=eng.limits.default_block_size, budget=eng.limits.auto_budget,
                                      uniforms=None, stop_ids=frozenset(), output_ids=[0], slot=slot, length=ctx)
                             for slot in slots]
                     for s in seqs:  # a few fresh context rows, within the dummy context
@@ -161,13 +183,7 @@ class CostSeeder:
                         out = eng.drafts.run(seqs)
                         for s in seqs:
                             builder.tree(s, out[s], s.block_size - 1)
-                if eng.device.type == "cuda":
-                    torch.cuda.synchronize(eng.device)
-                t0 = time.perf_counter()
-                call()
-                if eng.device.type == "cuda":
-                    torch.cuda.synchronize(eng.device)
-                return time.perf_counter() - t0
+                return timed(call, eng.device)
         finally:
             for s in seqs:
                 eng.drafts.release(s)

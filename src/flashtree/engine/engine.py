@@ -339,23 +339,13 @@ class Engine:
         raises is logged and the limits stand: no request fails for it."""
         limits = [s.depth_limit(self.max_model_len) for s in batch]
         try:
-            return self._auto_depths(batch, limits)
+            drafting = [s for s, d in zip(batch, limits) if s.auto and d > 0]
+            return self.adaptive.depths(batch, limits, self._catch_up_rows(drafting), self._held())
         except RankLost as e:
             raise EngineFailure(str(e)) from e
         except Exception:
             log.exception("budget auto's plain-or-draft verdict failed; this round drafts to each limit")
             return limits
-
-    def _auto_depths(self, batch: list[Sequence], depths: list[int]) -> list[int]:
-        """Auto sequences draft nothing this round (depth 0: plain steps) when the batch is all
-        auto and their curves predict plain decoding is faster, drafter cost included."""
-        if self.adaptive.holds(batch, len(batch)):  # a standing plain verdict on this very batch
-            return [0] * len(batch)
-        auto = [s for s, d in zip(batch, depths) if s.auto and d > 0]
-        if not auto or any(d > 0 and not s.auto for s, d in zip(batch, depths)) \
-                or self.adaptive.wants_draft(auto, len(batch), self._catch_up_rows(auto), self._held()):
-            return depths
-        return [0 if s.auto else d for s, d in zip(batch, depths)]
 
     def _held(self) -> int:
         """The batch the engine has work for: its sequences, prefilling and waiting ones included,
@@ -519,7 +509,7 @@ class Engine:
         accepted, bonus = out.vout.accepted, out.vout.bonus.tolist()              # on the host already
         plain = accepted.shape[1] == 1  # roots only: every path is [0], its rows stay where they are
         moves: tuple[list, list, list] = ([], [], [])  # slots, from rows, to rows of accepted K/V
-        probed = []                                    # auto sequences that drafted: (seq, choice, tau)
+        probed = []                                    # auto sequences that drafted: (seq, tree, path, choice)
         committed = []
         for b, s in enumerate(batch):
             if not self._drew_token(s, bonus[b]):  # commit nothing
@@ -537,8 +527,8 @@ class Engine:
             for j, i in enumerate(path[1:], 1):
                 moves[0].append(s.slot), moves[1].append(start + i), moves[2].append(start + j)
             if judged:  # an auto sequence that drafted: the round's verdict covers it
-                probed.append((s, choice, len(path)))
-        self.adaptive.settle(probed)
+                probed.append((s, out.trees[b], path, choice))
+        self.adaptive.observe(probed)
         self.runner.move(*moves)
         self._settle_pages(committed, drafter_wrote=out.passed > 0)
         self.stats.rounds += 1
@@ -546,8 +536,8 @@ class Engine:
     def _commit_path(self, s: Sequence, tree: DraftTree, path: list[int], bonus: int, choice: Choice | None,
                      drafted: bool, logprobs: list | None = None) -> bool:
         """One sequence's accepted `path` (node indices, root first) and bonus token: its proposer
-        told (when any sequence drafted), its metrics and auto's calibration updated, its tokens
-        emitted. True when it is an auto sequence that drafted (the round's verdict covers it)."""
+        told (when any sequence drafted), its metrics updated, its tokens emitted. True when it is
+        an auto sequence that drafted (auto observes it with the round's others)."""
         if drafted:
             self.proposers[s.method].on_commit(s, tree, path)
         tau = len(path)
@@ -555,9 +545,6 @@ class Engine:
         s.metrics.rounds += 1
         s.metrics.accept_lengths.append(tau)
         self.stats.request_round(s.method, tau)
-        probed = choice is not None and choice.paths is not None
-        if probed:
-            self.adaptive.learn(s, tree, path, choice)
         if choice is not None:  # auto: what it chose and expected, for calibration checks
             s.metrics.budgets.append(choice.nodes)
             s.metrics.predicted_taus.append(choice.predicted_tau)
@@ -566,7 +553,7 @@ class Engine:
             self.round_log.append(RoundRecord(s.req_id, tree, path, bonus, choice and choice.predicted_tau,
                                               self.clock.step))
         self._emit(s, [tree.tokens[i] for i in path[1:]] + [bonus], logprobs)
-        return probed
+        return choice is not None and choice.paths is not None
 
     def _settle_pages(self, batch: list[Sequence], drafter_wrote: bool) -> None:
         """After the commit: pages past what the next round reserves go back, full pages are named

@@ -132,8 +132,10 @@ class BenchPlan:
         for name in ("methods", "temperatures", "concurrency"):
             if not getattr(self, name):
                 raise UserError(f"bench: --{name} must list at least one value")
-        if "ddtree" in self.methods and not self.budgets:
-            raise UserError("bench: ddtree needs at least one budget (--budgets)")
+        trees = [m for m in self.methods if m in METHODS and proposer_class(m).sized_by_budget]
+        if trees and not self.budgets:
+            raise UserError(f"bench: {' and '.join(trees)} need{'s' if len(trees) == 1 else ''} at least one budget "
+                            f"(--budgets)")
         if min(self.concurrency) < 1:
             raise UserError(f"bench: concurrency must be >= 1, got {self.concurrency}")
         if any(t < 0 for t in self.temperatures):
@@ -145,7 +147,7 @@ class BenchPlan:
         bad = [b for b in self.budgets if b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 1)]
         if bad:
             raise UserError(f"bench: budgets must be integers >= 1 or 'auto', got {bad}")
-        if "ddtree" in self.methods and self.budgets:
+        if trees and self.budgets:
             unused = [k for k in self.topks if k is not None and k > max(nodes(b) for b in self.budgets)]
             if unused:
                 raise UserError(f"bench: topk {unused} exceeds every budget ({self.budgets}); a tree of budget N "
@@ -258,17 +260,9 @@ class ComponentCosts:
 
 
 def tree_size(cfg: Config, block_size: int, draft_len: int = 10) -> int | None:
-    """Tokens per sequence in one verify forward: the root plus the draft nodes (a capped tree of
-    depth block_size - 1 holds at most topk + topk^2 + ... nodes; an ngram chain at most draft_len).
-    None for budget="auto": its size changes every round."""
-    if not proposer_class(cfg.method).sized_by_budget:
-        return {"ar": 1, "dflash": block_size, "ngram": draft_len + 1}[cfg.method]
-    if cfg.budget == "auto":
-        return None
-    budget = cfg.budget or 0
-    if cfg.topk is not None:
-        budget = min(budget, sum(cfg.topk ** d for d in range(1, block_size)))
-    return budget + 1
+    """Tokens per sequence in one verify forward: the root plus the draft nodes, as the method
+    says (`Proposer.round_tokens`). None for budget="auto": its size changes every round."""
+    return proposer_class(cfg.method).round_tokens(cfg.budget, cfg.topk, block_size, draft_len)
 
 
 def component_costs(llm, taus: dict[Config, float], concurrency: int, context: int,
@@ -278,29 +272,25 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
     plain decoding), and each speculative config's drafter pass over round(tau) new context
     features. Uses the engine's model runner and drafter pass (`engine.drafts`) on temporary cache slots; the engine's
     state and counters are left as they were."""
-    from ..engine.round import pack_trees
+    from ..engine.cost_seeding import timed, verify_call
     from ..engine.sequence import Sequence
-    from ..speculative.tree import chain_tree
 
     eng = llm.engine
     block_size = eng.limits.default_block_size
     sizes = sorted({tree_size(c, block_size, eng.config.draft_len) for c in taus} - {None} | {1})
     context = max(1, min(context, eng.max_model_len - max(sizes) - 1))
     slots = [eng.blocks.allocate() for _ in range(concurrency)]
-    sync = (lambda: torch.cuda.synchronize(eng.device)) if eng.device.type == "cuda" else (lambda: None)
     made = []  # temporary sequences given drafter context
 
     def seqs(cfg: Config) -> list[Sequence]:
-        bs = 1 if cfg.method == "ar" else block_size
-        budget = {"ar": 0, "dflash": bs - 1}.get(cfg.method, nodes(cfg.budget or 0))
+        shape = eng.proposers[cfg.method].configure(None, cfg.budget, cfg.topk, {})  # as a request of cfg's
         return [Sequence(req_id=-1, prompt_ids=[0] * context, params=SamplingParams(max_tokens=block_size + 1),
-                         method=cfg.method, block_size=bs, budget=budget, uniforms=None, stop_ids=frozenset(),
-                         topk=cfg.topk, output_ids=[0], slot=slot, length=context) for slot in slots]
+                         method=cfg.method, block_size=shape.block_size, budget=shape.budget, uniforms=None,
+                         stop_ids=frozenset(), topk=shape.topk, auto=shape.auto, options=dict(shape.options),
+                         output_ids=[0], slot=slot, length=context) for slot in slots]
 
     def forward_call(n: int):
-        batch = seqs(Config("ar"))
-        vin = pack_trees([chain_tree(0, [0] * (n - 1)) for _ in batch], [context] * len(batch), eng.device)
-        return lambda: eng.runner.run_target(vin.ids, vin.positions, slots, vin.lengths, vin.mask, vin.nodes)
+        return verify_call(eng, slots, n, context)
 
     def draft_call(cfg: Config):
         batch = seqs(cfg)
@@ -318,12 +308,9 @@ def component_costs(llm, taus: dict[Config, float], concurrency: int, context: i
             times = {key: [] for key in calls}
             for r in range(repeats + 1):  # interleaved, so machine noise hits every component alike
                 for key, call in calls.items():
-                    sync()
-                    t0 = time.perf_counter()
-                    call()
-                    sync()
+                    secs = timed(call, eng.device)
                     if r:  # round 0 warms up
-                        times[key].append(time.perf_counter() - t0)
+                        times[key].append(secs)
     finally:
         for slot in reversed(slots):  # the free list ends up in its original order
             eng.blocks.free(slot)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.round import PHASES
+from ..speculative.proposer import proposer_class
 from .bench import exact_label
 
 
@@ -139,12 +140,18 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     conc0 = min(c["concurrency"] for c in cells)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     paths = []
+    methods = list(dict.fromkeys(c["method"] for c in cells))
+    trees = [m for m in methods if proposer_class(m).sized_by_budget]               # curves over budgets
+    # the other methods that draft (a plain round verifies its root alone): one config, a level line
+    chains = [m for m in methods if m not in trees and proposer_class(m).round_tokens(None, None, 2, 1) > 1]
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, t in enumerate(temps):
         col = colors[i % len(colors)]
-        # every method with fixed budgets: ddtree solid (its topk caps in other markers), hybrid dash-dot
-        for m, line in (("ddtree", "-"), ("hybrid", "-.")):
+        # every method drafting trees of a budget: a line style each (the first solid), its topk caps
+        # in other markers; the bound beside the first one's uncapped curve
+        for i, m in enumerate(trees):
+            line, marks = ("-", "-.", "--")[i % 3], (("o", "s", "^", "v"), ("P", "X", "d", "<"))[i % 2]
             for j, k in enumerate(sorted({c.get("topk") for c in cells if c["method"] == m},
                                          key=lambda k: (k is not None, k or 0))):
                 tree = sorted((c for c in cells if c["method"] == m and c["temperature"] == t and c["budget"] != "auto"
@@ -152,20 +159,21 @@ def write_plots(report: dict, out: Path) -> list[Path]:
                 if not tree:
                     continue
                 xs, name = [c["budget"] for c in tree], m if k is None else f"{m} topk={k}"
-                marker = ("o", "s", "^", "v")[j % 4] if m == "ddtree" else ("P", "X", "d", "<")[j % 4]
-                ax.plot(xs, [c["speedup_vs_ar"] for c in tree], marker + line, color=col, label=f"{name} T={t:g}")
-                if k is None and m == "ddtree":
+                ax.plot(xs, [c["speedup_vs_ar"] for c in tree], marks[j % 4] + line, color=col,
+                        label=f"{name} T={t:g}")
+                if k is None and i == 0:
                     ax.plot(xs, [c["bound"] for c in tree], ":", color=col, label=f"bound T={t:g}")
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(xs, [str(x) for x in xs])
                 ax.minorticks_off()
         for c in cells:
-            if c["method"] == "dflash" and c["temperature"] == t and c["concurrency"] == conc0:
-                ax.axhline(c["speedup_vs_ar"], ls="--", color=col, alpha=0.7, label=f"dflash T={t:g}")
+            if c["method"] in chains and c["temperature"] == t and c["concurrency"] == conc0:  # one config each
+                ax.axhline(c["speedup_vs_ar"], ls=(":", "--")[chains.index(c["method"]) % 2], color=col, alpha=0.7,
+                           label=f"{c['method']} T={t:g}")
             if c["budget"] == "auto" and c["temperature"] == t and c["concurrency"] == conc0 and c.get("topk") is None:
                 # at the mean tree size it chose (a plain round counts 0 nodes; the log axis needs > 0)
-                ax.plot([max(c["mean_budget"] or 0.0, 0.25)], [c["speedup_vs_ar"]], "*" if c["method"] == "ddtree"
-                        else "P", ms=12, color=col, label=f"{c['method']} auto T={t:g} (mean N {c['mean_budget']:.1f})")
+                ax.plot([max(c["mean_budget"] or 0.0, 0.25)], [c["speedup_vs_ar"]],
+                        "*" if trees.index(c["method"]) == 0 else "P", ms=12, color=col, label=f"{c['method']} auto T={t:g} (mean N {c['mean_budget']:.1f})")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="tree budget N (draft nodes per round; auto: the mean it chose)", ylabel="speedup vs ar (tok/s ratio)",
            title=f"Speedup vs budget (concurrency {conc0})")

@@ -32,6 +32,7 @@ from ..models.target import TargetModel
 from ..sampling import logits_to_probs
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
+from ..speculative.proposer import proposer_class
 from ..speculative.tree import DraftOutput
 from ..speculative.verify import verify_tree
 
@@ -109,7 +110,8 @@ def sample_sequences(target, drafter, prompt, params: SamplingParams, method: st
                                                max_budget=budget if isinstance(budget, int) else AUTO_MAX_BUDGET,
                                                max_queue=n_samples, page_size=page_size,
                                                compile=compile, topk=topk), grammars=grammars)
-    if method == "ngram":  # its chains follow measured costs; a cell verifies them whole (flat, pinned costs)
+    if proposer_class(method).sized_by_costs:  # (ngram) its drafts follow measured costs; a cell verifies
+        # them whole (flat, pinned costs)
         eng.adaptive.costs = flat_costs()
     if patch is not None:
         patch(eng)
@@ -425,7 +427,7 @@ def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens
             ps = [SamplingParams(temperature=T, top_p=top_p, max_tokens=max_tokens, seed=seed + i, ignore_eos=True)
                   for i in range(n)]
             outs = llm.generate([prompt] * n, ps, use_tqdm=False, method=method,
-                                budget=budget if method == "ddtree" else None)
+                                budget=budget if proposer_class(method).sized_by_budget else None)
             taus = [t for o in outs for t in o.metrics.accept_lengths]
             return Counter(tuple(o.token_ids[:n_tokens]) for o in outs), sum(taus) / max(len(taus), 1)
         plain, _ = counts("ar", 0)

@@ -196,6 +196,19 @@ class AdaptiveBudget:
             return None
         return peers_clock([(st.probe_gap, st.undrafted) for st in peers], self.probe_every)
 
+    def depths(self, batch: list[Sequence], limits: list[int], catch_up: int = 0, held: int = 0) -> list[int]:
+        """Each sequence's draft depth this round: its limit, or 0 for the auto sequences when the
+        batch's drafting sequences are all auto and their curves predict plain decoding is faster
+        (a standing verdict, `holds`, or a fresh one, `wants_draft`; `catch_up`: the context rows
+        a drafter pass would first feed those sequences)."""
+        if self.holds(batch, len(batch)):  # a standing plain verdict on this very batch
+            return [0] * len(batch)
+        auto = [s for s, d in zip(batch, limits) if s.auto and d > 0]
+        if not auto or any(d > 0 and not s.auto for s, d in zip(batch, limits)) \
+                or self.wants_draft(auto, len(batch), catch_up, held):
+            return limits
+        return [0 if s.auto else d for s, d in zip(batch, limits)]
+
     def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: int = 0, held: int = 0) -> bool:
         """Should the drafter run for these auto sequences (a batch of `batch`, all auto; `held`:
         the batch the engine has work for, prefilling and waiting sequences included — the batch
@@ -318,6 +331,14 @@ class AdaptiveBudget:
         st.recent.append(choice.paths)
         st.undrafted, st.prefers_plain = 0, False  # a fresh curve (a probe's gap: settle)
         self.steady = None
+
+    def observe(self, drafted: list[tuple[Sequence, DraftTree, list[int], Choice]]) -> None:
+        """After a round's commits: each auto sequence that drafted, with its verified tree, its
+        accepted path (root first) and its choice. Each one's calibration learns (`learn`), then
+        the batch gets its one verdict (`settle`)."""
+        for seq, tree, path, choice in drafted:
+            self.learn(seq, tree, path, choice)
+        self.settle([(seq, choice, len(path)) for seq, _, path, choice in drafted])
 
     def settle(self, drafted: list[tuple[Sequence, Choice, int]]) -> None:
         """After a round's commits: (sequence, its choice, its tau) for each auto sequence that

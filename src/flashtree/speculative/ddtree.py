@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .constrained import drafted_nodes
 from .dflash import DFlash
+from .limits import AUTO
 from .proposer import DraftShape
 from .tree import DraftOutput, DraftTree, build_ddtree
 
@@ -23,6 +24,16 @@ class DDTree(DFlash):
         cap = lim.check_topk(topk, nodes) if topk is not None else \
             (min(lim.default_topk, nodes) if lim.default_topk is not None else None)
         return DraftShape(block_size=bs, budget=nodes, topk=cap, auto=bud == "auto")
+
+    @classmethod
+    def round_tokens(cls, budget, topk, block_size, draft_len) -> int | None:
+        """A capped tree of depth block_size - 1 holds at most topk + topk^2 + ... nodes."""
+        if budget == AUTO:
+            return None
+        nodes = budget or 0
+        if topk is not None:
+            nodes = min(nodes, sum(topk ** d for d in range(1, block_size)))
+        return nodes + 1
 
     def ranks(self, seq) -> int:
         return drafted_nodes(seq)

@@ -165,6 +165,10 @@ class DFlash(Proposer):
         bs = self.limits.block_size_of(block_size)
         return DraftShape(block_size=bs, budget=bs - 1)  # a chain uses every slot
 
+    @classmethod
+    def round_tokens(cls, budget, topk, block_size, draft_len) -> int | None:
+        return block_size  # the root and a chain of block_size - 1
+
     def ranks(self, seq: Sequence) -> int:
         """Top-k width of the draft this method needs per depth."""
         return 1

@@ -13,7 +13,6 @@ score. The rate uses committed rounds only, never the current round's draws, so 
 """
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
@@ -23,54 +22,15 @@ from .constrained import drafted_nodes
 from .ddtree import DDTree
 from .ngram import check_ngram, ngram_match
 from .proposer import DraftShape
-from .tree import DraftOutput, DraftTree
+from .tree import DraftOutput, DraftTree, build_ddtree
 
 
 def build_hybrid(root: int, topk_logprobs: np.ndarray | None, topk_ids: np.ndarray | None,
                  ngram: list[int], budget: int, ngram_logp: float) -> DraftTree:
-    """Best-first over the drafter's per-depth top-K (rows = depths, as `build_ddtree`) and the
-    n-gram chain `ngram` (token j at depth j+1), merged into one tree of at most `budget` nodes.
-    Without an n-gram chain it is exactly `build_ddtree(root, lp, ids, budget)`."""
-    lp = topk_logprobs.tolist() if topk_logprobs is not None else []
-    ids = topk_ids.tolist() if topk_ids is not None else []
-    L, K = len(ids), (len(ids[0]) if ids else 0)
-    known = [dict(zip(ids[d], lp[d])) for d in range(L)]   # depth-1 -> {token: draft log-prob}
-
-    def copied(depth: int) -> float:   # the n-gram node's own log-score at this depth
-        tok = ngram[depth - 1]
-        return max(known[depth - 1].get(tok, -math.inf) if depth <= L else -math.inf, ngram_logp)
-
-    tree = DraftTree([root], [-1], [0], [0.0])
-    child: dict[tuple[int, int], int] = {}   # (parent node, token) -> node: merges shared prefixes
-    # heap item: (-score, kind (0 = n-gram before a drafter tie), key, parent node, depth)
-    heap = []
-    if L and K:
-        heap.append((-lp[0][0], 1, (0,), 0, 1))
-    if ngram:
-        heap.append((-copied(1), 0, (1,), 0, 1))
-    heapq.heapify(heap)
-    while heap and tree.size - 1 < budget:
-        neg, kind, key, parent, depth = heapq.heappop(heap)
-        if kind == 1:
-            rank = key[-1]
-            tok, own = ids[depth - 1][rank], lp[depth - 1][rank]
-        else:
-            tok, own = ngram[depth - 1], copied(depth)
-        node = child.get((parent, tok))
-        if node is None:   # a new node; otherwise the other source already placed this prefix
-            node = child[parent, tok] = tree.size
-            tree.tokens.append(tok)
-            tree.parents.append(parent)
-            tree.depths.append(depth)
-            tree.logprobs.append(own)
-        if kind == 1:
-            if rank + 1 < K:
-                heapq.heappush(heap, (neg + own - lp[depth - 1][rank + 1], 1, key[:-1] + (rank + 1,), parent, depth))
-            if depth < L:
-                heapq.heappush(heap, (neg - lp[depth][0], 1, key + (0,), node, depth + 1))
-        elif depth < len(ngram):
-            heapq.heappush(heap, (neg - copied(depth + 1), 0, (depth + 1,), node, depth + 1))
-    return tree
+    """The DDTree of the drafter's per-depth top-K (None: no drafts) with the n-gram chain `ngram`
+    (token j at depth j+1) merged in as a branch scored as above: `tree.build_ddtree`'s one
+    best-first pass. Without an n-gram chain it is exactly `build_ddtree(root, lp, ids, budget)`."""
+    return build_ddtree(root, topk_logprobs, topk_ids, budget, branch=ngram, branch_logp=ngram_logp)
 
 
 class Hybrid(DDTree):

@@ -103,6 +103,10 @@ class NGram(Proposer):
         check_ngram(c.max_ngram, c.min_ngram, c.draft_len, self.max_draft)
         self.accepted: dict = {}  # Sequence -> Acceptance
 
+    @classmethod
+    def round_tokens(cls, budget, topk, block_size, draft_len) -> int | None:
+        return draft_len + 1  # the root and the longest chain copied
+
     def configure(self, block_size, budget, topk, options) -> DraftShape:
         c = self.limits
         mx, mn = options.get("max_ngram", c.max_ngram), options.get("min_ngram", c.min_ngram)

@@ -85,6 +85,12 @@ class Proposer:
         drafting settings."""
         return DraftShape()
 
+    @classmethod
+    def round_tokens(cls, budget: int | str | None, topk: int | None, block_size: int, draft_len: int) -> int | None:
+        """Tokens per sequence in one verify forward of a round that drafts to the full depth:
+        the root and its draft nodes (None: budget "auto", whose size changes every round)."""
+        return 1
+
     def prepare(self, seqs: list[Sequence]) -> None:
         """Called for every method's sequences before any `draft` of the round, so methods sharing
         a model pass (the DFlash family) can run it once for all of them."""
