@@ -108,25 +108,24 @@ class CostSeeder:
         one-token steps, so such a sequence would never draft."""
         return s.auto or self.engine.proposers[s.method].sized_by_costs
 
-    def turn(self, prefilling: bool) -> None:
+    def turn(self, running: list[Sequence], waiting, prefilling: bool) -> None:
         """The seeding's turn in an engine step. Once the first sequence that uses costs is in:
         time real forwards on free slots — all at once on an otherwise idle engine, else one
         forward a step in steps that prefill nothing, so the streams decoding never wait long on
         it. Also after fixed-budget rounds filled some of the table: a seed never replaces what a
         round measured, and the widths no round ran get one. A waiting sequence counts: an idle
-        engine seeds before it admits one."""
-        eng = self.engine
+        engine seeds before it admits one (`running`, `waiting`: the engine's sequences)."""
         if not self.started:
             # (the queue is read only while nothing runs: it may be long, and this runs every step)
-            if not self.costs.learn or not any(self.uses_costs(s) for s in eng.running or eng.waiting):
+            if not self.costs.learn or not any(self.uses_costs(s) for s in running or waiting):
                 return
             self.started = True
         if self.done:
             return
-        others_decoding = any(s.decoding and not self.uses_costs(s) for s in eng.running)
+        others_decoding = any(s.decoding and not self.uses_costs(s) for s in running)
         if prefilling and others_decoding:
             return
-        with eng.clock("seed_costs"):
+        with self.engine.clock("seed_costs"):
             self.step(not others_decoding)
 
     def step(self, all_at_once: bool) -> None:

@@ -267,14 +267,14 @@ class Engine:
         given its turn — on an idle engine before admitting (with one slot none is free after)."""
         decoding = any(s.decoding and not s.finished for s in self.running)
         if not self.running:
-            self.seeder.turn(prefilling=False)
+            self.seeder.turn(self.running, self.waiting, prefilling=False)
         plan = self.scheduler.schedule(self.pacer.fits(decoding) if self.pacer is not None else None)
         self.stats.prefix_hit_tokens += plan.prefix_hit_tokens
         self.stats.preemptions += len(plan.preempted)
         for s in plan.preempted:  # recomputed from its tokens when readmitted
             self.proposers[s.method].release(s)
             self.adaptive.release(s)
-        self.seeder.turn(prefilling=bool(plan.prefills))
+        self.seeder.turn(self.running, self.waiting, prefilling=bool(plan.prefills))
         return plan
 
     def _prefill_chunks(self, seqs: list[Sequence]) -> None:
