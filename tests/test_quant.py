@@ -210,7 +210,9 @@ def test_every_method_equals_plain_on_a_quantized_target(models, kind, batch):
     ref, _ = _greedy(target, drafter, "ar", 1, ps)
     float_ref, _ = _greedy(*models, "ar", 1, ps)
     assert ref != float_ref  # the quantized target is another function: the comparison can fail
-    for method, budget in [("dflash", None), ("ddtree", 8), ("hybrid", None), ("ngram", None)]:
+    # fixed budgets: budget auto follows measured costs, and beside a busy process it may rightly
+    # decode plainly (tau 1), which says nothing of exactness
+    for method, budget in [("dflash", None), ("ddtree", 8), ("hybrid", 8), ("ngram", None)]:
         out, taus = _greedy(target, drafter, method, batch, ps, budget)
         assert out == ref, (kind, method, batch)
         if method != "ngram":
