@@ -311,11 +311,11 @@ def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     st.recent.append(path_logprobs(tree)[1:])
     for _ in range(20):                                                         # ... whose nodes were all accepted
         st.calibration.update(st.recent[-1], np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
-    assert ctl.wants_draft([seq], 1, catch_up=0)
+    assert ctl.decide([seq], 1, catch_up=0)
     ctl.steady = None
-    assert ctl.wants_draft([seq], 1, catch_up=20)        # 1 ms more: still pays
+    assert ctl.decide([seq], 1, catch_up=20)        # 1 ms more: still pays
     ctl.steady = None
-    assert not ctl.wants_draft([seq], 1, catch_up=400)   # 20 ms more: plain is faster
+    assert not ctl.decide([seq], 1, catch_up=400)   # 20 ms more: plain is faster
     # fit: the round's break-even counts the rows it caught up on
     _, (steady,) = ctl.fit([seq], [tree], 1)
     _, (probe,) = ctl.fit([seq], [tree], 1, caught_up=400)
@@ -577,11 +577,11 @@ def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_read
     assert st.probe_gap is None
     alone = tau_curve(path_logprobs(unsure)[1:], st.calibration)
     assert len(st.recent) == RECENT_TREES and mean_curve(st.recent, st.calibration)[-1] > alone[-1]
-    assert ctl.wants_draft([seq], 1)        # the mean of the recent curves still pays ...
+    assert ctl.decide([seq], 1)        # the mean of the recent curves still pays ...
     st.recent.clear()
     st.recent.append(path_logprobs(unsure)[1:])
     ctl.steady = None
-    assert not ctl.wants_draft([seq], 1)    # ... the unsure tree's alone does not
+    assert not ctl.decide([seq], 1)    # ... the unsure tree's alone does not
     st.prefers_plain = True                 # after a plain verdict the next drafted round is a probe
     round_(unsure, 1)
     assert st.probed and st.probe_gap > 8   # that lost: backed off
@@ -745,15 +745,15 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     ctl.costs = never_pays()
     ctl.starts[("ddtree", 0.0, 1)] = (32, 0)  # greedy ddtree requests alone start plain, next probe in 32
     plain, looping = FakeSeq(prompt=[1, 2, 3, 4, 5]), FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3])
-    assert not ctl.wants_draft([plain], 1)
-    assert ctl.wants_draft([looping], 1)
-    assert ctl.wants_draft([FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3], temperature=1.0)], 1)  # a fresh setting drafts
+    assert not ctl.decide([plain], 1)
+    assert ctl.decide([looping], 1)
+    assert ctl.decide([FakeSeq(prompt=[1, 2, 3, 4, 1, 2, 3], temperature=1.0)], 1)  # a fresh setting drafts
 
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
 
     def drafted(seq, tau):  # the round costs 5 plain ones: it beat plain decoding when tau >= 5
-        repeats(seq, ctl.state(seq))  # as wants_draft does for a round that drafts (a probe, here)
+        repeats(seq, ctl.state(seq))  # as decide does for a round that drafts (a probe, here)
         ctl.state(seq).prefers_plain = True
         choice = Choice(6, 2.5, paths, 5.0)
         ctl.learn(seq, tree, list(range(tau)), choice)
@@ -761,28 +761,28 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
 
     drafted(looping, 4)            # drafting in repeating text paid half its cost but lost a token to plain: 1 - 1
     looping.output_ids = [4]       # (2, 3, 4): repeats again, but its curve says plain is faster ...
-    assert not ctl.wants_draft([looping], 1)
-    assert not ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)  # ... and repeats no longer call probes
+    assert not ctl.decide([looping], 1)
+    assert not ctl.decide([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)  # ... and repeats no longer call probes
     paying = FakeSeq(prompt=[5, 6, 7, 5, 6, 7])
-    assert not ctl.wants_draft([paying], 1)
+    assert not ctl.decide([paying], 1)
     drafted(paying, 5)             # a round in repeating text that only matched plain decoding: still 0 ...
-    assert not ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
+    assert not ctl.decide([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
     drafted(paying, 6)             # ... and one that beat it by a token: 1 - 1 + 0 + 1 > 0
-    assert ctl.wants_draft([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
+    assert ctl.decide([FakeSeq(prompt=[7, 8, 9, 7, 8, 9])], 1)
     # in a batch the pass (and the widest tree) costs every sequence: more than half must call it
     ctl.starts[("ddtree", 0.0, 2)] = ctl.starts[("ddtree", 0.0, 3)] = (32, 0)  # batches of 2-3 and 4-7 start plain
     calm, loop = (lambda: FakeSeq(prompt=[1, 2, 3, 4, 5])), (lambda: FakeSeq(prompt=[7, 8, 9, 7, 8, 9]))
-    assert not ctl.wants_draft([loop(), calm(), calm()], 3)
-    assert not ctl.wants_draft([loop(), loop(), calm(), calm()], 4)
-    assert ctl.wants_draft([loop(), loop(), calm()], 3)
-    assert ctl.wants_draft([calm(), calm(), loop(), loop(), loop()], 5)
+    assert not ctl.decide([loop(), calm(), calm()], 3)
+    assert not ctl.decide([loop(), loop(), calm(), calm()], 4)
+    assert ctl.decide([loop(), loop(), calm()], 3)
+    assert ctl.decide([calm(), calm(), loop(), loop(), loop()], 5)
     quiet = [calm(), calm(), calm(), loop(), loop()]  # once the rest cannot make a majority, they are not read
-    assert not ctl.wants_draft(quiet, 5) and [ctl.state(s).seen for s in quiet] == [5, 5, 5, 0, 0]
+    assert not ctl.decide(quiet, 5) and [ctl.state(s).seen for s in quiet] == [5, 5, 5, 0, 0]
     newcomer = calm()  # ... and those already read go first: a newcomer's prompt is not read either
     for s in quiet[:3]:
         s.output_ids.append(6)
     ctl.steady = None
-    assert not ctl.wants_draft([newcomer] + quiet, 6) and ctl.state(newcomer).seen == 0
+    assert not ctl.decide([newcomer] + quiet, 6) and ctl.state(newcomer).seen == 0
     assert [ctl.state(s).seen for s in quiet] == [6, 6, 6, 0, 0]
     # the gains are kept per batch size class: batches of 2-3 have their own (fresh: repeats call)
     assert set(ctl.repeat_gain) == {("ddtree", 0.0, 1)}
@@ -820,7 +820,7 @@ def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
                 ctl.steady = None
             elif ctl.steady is not None and ctl.steady.seqs == batch:
                 held += 1
-            wants = ctl.wants_draft(batch, len(batch))
+            wants = ctl.decide(batch, len(batch))
             answers.append(wants)
             choice = Choice(6, 2.5, paths, 1.2) if wants else PLAIN
             tau = 6 if r >= 75 else 1  # every probe loses until round 75, then they win
@@ -1021,7 +1021,7 @@ def test_the_probe_clock_rules_are_pure_functions_of_outcomes_and_costs():
 
 
 def test_the_verdict_asked_twice_in_a_step_answers_the_same_and_changes_nothing_it_reads():
-    """`wants_draft` and `holds` read state and record a verdict; asking again in the same step
+    """`decide` and `holds` read state and record a verdict; asking again in the same step
     (a retried decision) gives the same answer and leaves every sequence's clock and curve as the
     first asking did — for a drafting verdict, a plain one, and a standing plain verdict."""
     from flashtree.speculative.adaptive import AdaptiveBudget, Choice
@@ -1043,11 +1043,11 @@ def test_the_verdict_asked_twice_in_a_step_answers_the_same_and_changes_nothing_
         ctl.settle([(s, Choice(6, 2.5, paths, 1.5), 2) for s in seqs])
         answers, states = [], []
         for _ in range(3):  # the verdict, asked again, and a third time (a plain one then stands: holds)
-            answers.append(ctl.wants_draft(seqs, 2))
+            answers.append(ctl.decide(seqs, 2))
             states.append(clocks(ctl, seqs))
         assert answers == [expect] * 3 and states[0] == states[1] == states[2]
         if not expect:
             assert ctl.holds(seqs, 2) and ctl.holds(seqs, 2)  # reads only: it stands the same a second time
             for s in seqs:
                 s.metrics.rounds += 8  # past the probe gap: the standing verdict expires
-            assert not ctl.holds(seqs, 2) and ctl.wants_draft(seqs, 2)  # a probe is due
+            assert not ctl.holds(seqs, 2) and ctl.decide(seqs, 2)  # a probe is due

@@ -4,9 +4,10 @@ The pieces (SPEC §2 "Adaptive budget") live beside this module, each pure: `cal
 (E[tau | N] of a tree from its draft probabilities, calibrated per sequence), `costs.py` (the
 measured cost of a round by batch and width, the width that is fastest, whether drafting pays) and
 `probes.py` (when a sequence that decodes plainly drafts again). `AdaptiveBudget` is the engine's
-controller; it keeps each auto sequence's state (`AutoState`) and, once a round:
+controller; it keeps each auto sequence's state (`AutoState`), and the engine calls it four
+times a round at most:
 
-1. `wants_draft` (before drafting): the drafter runs unless every sequence's verdict is plain —
+1. `depths` (before drafting), through `decide`, which records its verdict: the drafter runs unless every sequence's verdict is plain —
    its mean curve of its last RECENT_TREES trees predicts plain decoding is faster, drafter cost
    included — and none is due for a probe or has repeating text calling one (`repeats`: the
    committed tokens' last 3-gram occurred earlier, where acceptance is high, while such rounds
@@ -14,13 +15,13 @@ controller; it keeps each auto sequence's state (`AutoState`) and, once a round:
    while its batch is unchanged and no probe is due.
 2. `fit` (after the trees are built): picks the forward width T and cuts each auto sequence's
    tree to its first T-1 nodes.
-3. `learn` and `settle` (after the commit): the verified nodes train the calibration, the tree
+3. `observe` (after the commit): `learn` and `settle` — the verified nodes train the calibration, the tree
    becomes the next curve, and the batch's probe gap follows `probes.gap_after`.
 4. `release` (a sequence leaves): a regime whose probes stopped paying passes its clock on.
 
 Every input is committed history, draft probabilities or measured time — never the current
 round's verify draws — so the choice keeps decoding lossless. Decisions read state and return
-(`wants_draft` and `holds` give the same answer asked twice in a step; `fit` changes nothing a
+(`decide` and `holds` give the same answer asked twice in a step; `fit` changes nothing a
 verdict reads), so a round rerun per sequence decides as the batch did. This module does not
 build trees, verify or sample.
 """
@@ -106,7 +107,7 @@ class AutoState:
     seen: int = 0                         # committed tokens already in `grams`
     batch: int = 1                        # the size of the batch it last ran in
     repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
-                                          # the last decision that read it: `repeats` runs in wants_draft
+                                          # the last decision that read it: `repeats` runs in decide
                                           # only, for a round that may draft or a regime with repeat credit)
 
     @property
@@ -199,20 +200,21 @@ class AdaptiveBudget:
     def depths(self, batch: list[Sequence], limits: list[int], catch_up: int = 0, held: int = 0) -> list[int]:
         """Each sequence's draft depth this round: its limit, or 0 for the auto sequences when the
         batch's drafting sequences are all auto and their curves predict plain decoding is faster
-        (a standing verdict, `holds`, or a fresh one, `wants_draft`; `catch_up`: the context rows
+        (a standing verdict, `holds`, or a fresh one, `decide`; `catch_up`: the context rows
         a drafter pass would first feed those sequences)."""
         if self.holds(batch, len(batch)):  # a standing plain verdict on this very batch
             return [0] * len(batch)
         auto = [s for s, d in zip(batch, limits) if s.auto and d > 0]
         if not auto or any(d > 0 and not s.auto for s, d in zip(batch, limits)) \
-                or self.wants_draft(auto, len(batch), catch_up, held):
+                or self.decide(auto, len(batch), catch_up, held):
             return limits
         return [0 if s.auto else d for s, d in zip(batch, limits)]
 
-    def wants_draft(self, seqs: list[Sequence], batch: int, catch_up: int = 0, held: int = 0) -> bool:
-        """Should the drafter run for these auto sequences (a batch of `batch`, all auto; `held`:
+    def decide(self, seqs: list[Sequence], batch: int, catch_up: int = 0, held: int = 0) -> bool:
+        """Decide, and record (each state's `prefers_plain`, a standing `Steady`), whether the
+        drafter runs for these auto sequences (a batch of `batch`, all auto; `held`:
         the batch the engine has work for, prefilling and waiting sequences included — the batch
-        size class they run in, see `regime`)? Yes
+        size class they run in, see `regime`). It does
         unless every one has a curve, none is due for a re-probe, at most half the batch has a
         repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
         sequence of the batch), and plain decoding's predicted rate beats the best rate with the
@@ -249,7 +251,8 @@ class AdaptiveBudget:
     def holds(self, seqs: list[Sequence], batch: int) -> bool:
         """The standing plain verdict (`Steady`) covers these auto sequences in a batch of `batch`
         this round: nothing it read has changed, no probe is due and no repeat of its callers calls
-        one. Reads only (asked twice in a step it answers the same). (Under cProfile a look cost
+        one. Reads only, but for the n-gram index `repeats` brings up to the committed tokens (a
+        cache: filling it changes no answer), so asked twice in a step it answers the same. (Under cProfile a look cost
         ~5 us a round at T=0, C=8 and ~19 at T=1, C=8, where eight callers' repeats are read.)"""
         hold = self.steady
         return hold is not None and hold.batch == batch and hold.seqs == seqs \
@@ -291,7 +294,7 @@ class AdaptiveBudget:
             held: int = 0) -> tuple[list[DraftTree], list[Choice | None]]:
         """Pick the round's forward width and cut each auto sequence's tree to it. `drafted`: the
         sequences the drafter pass ran for (its cost counts, with the `caught_up` context rows it
-        fed first: a probe's break-even is what the probe cost); `held`: as in wants_draft.
+        fed first: a probe's break-even is what the probe cost); `held`: as in decide.
         Returns the trees and, per sequence, its `Choice` (None for a sequence with a fixed budget)."""
         if not drafted and all(t.size == 1 for t in trees):  # a plain round: nothing to choose
             return trees, [PLAIN if s.auto else None for s in batch]
