@@ -7,7 +7,8 @@ measured cost of a round by batch and width, the width that is fastest, whether 
 controller; it keeps each auto sequence's state (`AutoState`), and the engine calls it four
 times a round at most:
 
-1. `depths` (before drafting), through `decide`, which records its verdict: the drafter runs unless every sequence's verdict is plain —
+1. `depths` (before drafting), through `decide`, which records the pure `verdict` on the states:
+   the drafter runs unless every sequence's verdict is plain —
    its mean curve of its last RECENT_TREES trees predicts plain decoding is faster, drafter cost
    included — and none is due for a probe or has repeating text calling one (`repeats`: the
    committed tokens' last 3-gram occurred earlier, where acceptance is high, while such rounds
@@ -156,6 +157,68 @@ def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
     return st.repeats
 
 
+def due(st: AutoState, probe_every: int) -> bool:
+    """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
+    has passed drafts this round (the drafter then runs for the whole batch, so one pass serves
+    every due sequence and resets all their gaps together)."""
+    if not st.recent and st.probe_gap is None:
+        return True
+    return rounds_to_probe(st.probe_gap, st.undrafted, probe_every) <= 0
+
+
+def repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
+    """More than half of a batch of `batch` are callers (plain-decoding sequences whose regime
+    has repeat credit, see AdaptiveBudget._credit) whose text repeats itself; counting stops once
+    the rest could not make that majority (the others' n-grams catch up when they next matter)."""
+    need, left = batch // 2 + 1, len(callers)
+    for s, st in callers:
+        if need > left:
+            return False
+        need, left = need - repeats(s, st), left - 1
+        if need <= 0:
+            return True
+    return False
+
+
+@dataclass(slots=True, frozen=True)
+class Verdict:
+    """A decision on a batch's auto sequences: whether the drafter runs, and what their states
+    record of it."""
+    draft: bool
+    prefers_plain: bool | None = None  # every state's prefers_plain from now on (None: as it is)
+    steady: Steady | None = None       # the plain verdict that stands unread from now on
+
+
+def verdict(seqs: list[Sequence], states: list[AutoState], batch: int, costs: CostTable, catch_up: int,
+            probe_every: int, credited: list[bool]) -> Verdict:
+    """Whether the drafter runs for these auto sequences (their `states`; in a batch of `batch`;
+    `credited`: whether each one's regime has repeat credit). It does unless every one has a
+    curve, none is due for a re-probe, at most half the batch has a repeat calling one (see
+    repeats_call: the pass and the widest tree are paid by every sequence of the batch), and
+    plain decoding's predicted rate beats the best rate with the drafter's cost included — with
+    the context rows the pass would first feed (`catch_up`: what the sequences decoded plainly
+    since they last drafted), which this round pays. Reads the states; only their n-gram index
+    (`repeats`, a cache of the committed tokens) is brought up to date."""
+    # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
+    callers = [(s, st) for s, st, cr in zip(seqs, states, credited) if st.prefers_plain and cr]
+    # those whose n-grams are up to date first: a count that stops early then never reads the
+    # others (catching up is the costly part: a newcomer's whole prompt)
+    callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].seen)
+    is_due = not costs.measured or not costs.draft_s or any(due(st, probe_every) for st in states) \
+        or repeats_call(callers, batch)
+    if not is_due and all(st.prefers_plain for st in states):  # no new curve since that verdict:
+        # it stands while the first of them is not due: next round is seqs[0]'s rounds + 1
+        left = min(rounds_to_probe(st.probe_gap, st.undrafted, probe_every) for st in states)
+        return Verdict(False, steady=Steady(list(seqs), batch, seqs[0].metrics.rounds + left, callers))
+    for s, st in zip(seqs, states):  # a round that may draft: settle reads whether each one's text repeats
+        repeats(s, st)
+    if is_due:
+        return Verdict(True)
+    curves = [mean_curve(st.recent, st.calibration) for st in states]
+    wants = drafting_pays(curves, costs, batch, costs.draft(batch) + costs.catch_up(catch_up), fixed=batch - len(seqs))
+    return Verdict(wants, prefers_plain=not wants)
+
+
 class AdaptiveBudget:
     """The engine's `budget="auto"` controller: per-sequence calibration, one cost table."""
 
@@ -211,42 +274,19 @@ class AdaptiveBudget:
         return [0 if s.auto else d for s, d in zip(batch, limits)]
 
     def decide(self, seqs: list[Sequence], batch: int, catch_up: int = 0, held: int = 0) -> bool:
-        """Decide, and record (each state's `prefers_plain`, a standing `Steady`), whether the
-        drafter runs for these auto sequences (a batch of `batch`, all auto; `held`:
+        """Whether the drafter runs for these auto sequences (a batch of `batch`, all auto; `held`:
         the batch the engine has work for, prefilling and waiting sequences included — the batch
-        size class they run in, see `regime`). It does
-        unless every one has a curve, none is due for a re-probe, at most half the batch has a
-        repeat calling one (see _repeats_call: the pass and the widest tree are paid by every
-        sequence of the batch), and plain decoding's predicted rate beats the best rate with the
-        drafter's cost included — with the context rows the pass would first feed (`catch_up`:
-        what the sequences decoded plainly since they last drafted), which this round pays."""
+        size class they run in, see `regime`): a standing plain verdict (`holds`), or a fresh
+        `verdict` on their states, which this records (their `prefers_plain`, a new `Steady`)."""
         if self.holds(seqs, batch):
             return False
-        self.steady = None
         states = [self.state(s, max(batch, held)) for s in seqs]
-        c = self.costs
-        # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
-        callers = [(s, st) for s, st in zip(seqs, states) if st.prefers_plain and self._credit(st)]
-        # those whose n-grams are up to date first: a count that stops early then never reads the
-        # others (catching up is the costly part: a newcomer's whole prompt)
-        callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].seen)
-        due = not c.measured or not c.draft_s or any(self._due(st) for st in states) \
-            or self._repeats_call(callers, batch)
-        if not due and all(st.prefers_plain for st in states):  # no new curve since that verdict: it
-            # it stands while the first of them is not due: next round is seqs[0]'s rounds + 1
-            self.steady = Steady(list(seqs), batch, seqs[0].metrics.rounds + min(map(self._rounds_to_probe, states)),
-                                 callers)
-            return False
-        for s, st in zip(seqs, states):  # a round that may draft: settle reads whether each one's text repeats
-            repeats(s, st)
-        if due:
-            return True
-        curves = [mean_curve(st.recent, st.calibration) for st in states]
-        draft = c.draft(batch) + c.catch_up(catch_up)
-        wants = drafting_pays(curves, c, batch, draft, fixed=batch - len(seqs))
-        for st in states:
-            st.prefers_plain = not wants
-        return wants
+        v = verdict(seqs, states, batch, self.costs, catch_up, self.probe_every, [self._credit(st) for st in states])
+        self.steady = v.steady
+        if v.prefers_plain is not None:
+            for st in states:
+                st.prefers_plain = v.prefers_plain
+        return v.draft
 
     def holds(self, seqs: list[Sequence], batch: int) -> bool:
         """The standing plain verdict (`Steady`) covers these auto sequences in a batch of `batch`
@@ -257,33 +297,7 @@ class AdaptiveBudget:
         hold = self.steady
         return hold is not None and hold.batch == batch and hold.seqs == seqs \
             and seqs[0].metrics.rounds < hold.until \
-            and not (hold.callers and self._repeats_call(hold.callers, batch))
-
-    def _due(self, st: AutoState) -> bool:
-        """A sequence with no curve yet (unless it started plain, see release) or whose probe gap
-        has passed drafts this round (the drafter then runs for the whole batch, so one pass serves
-        every due sequence and resets all their gaps together)."""
-        if not st.recent and st.probe_gap is None:
-            return True
-        return self._rounds_to_probe(st) <= 0
-
-    def _rounds_to_probe(self, st: AutoState) -> int:
-        """Rounds after this one before st's probe gap has passed (<= 0: this round)."""
-        return rounds_to_probe(st.probe_gap, st.undrafted, self.probe_every)
-
-    @staticmethod
-    def _repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
-        """More than half of a batch of `batch` are callers (plain-decoding sequences whose regime
-        has repeat credit, see _credit) whose text repeats itself; counting stops once the rest
-        could not make that majority (the others' n-grams catch up when they next matter)."""
-        need, left = batch // 2 + 1, len(callers)
-        for s, st in callers:
-            if need > left:
-                return False
-            need, left = need - repeats(s, st), left - 1
-            if need <= 0:
-                return True
-        return False
+            and not (hold.callers and repeats_call(hold.callers, batch))
 
     def _credit(self, st: AutoState) -> bool:
         """Drafting rounds decided in repeating text have gained tokens over plain decoding on the
