@@ -442,7 +442,8 @@ class Engine:
             except Exception as e:
                 self._fail(s, e)
         if self.drafts is not None:  # the drafter's rows of this chunk [length - chunk, length)
-            self._isolated(self._write_drafter_context, [s for s in kept if self._keeps_drafter_context(s)])
+            writes = [s for s in kept if self._keeps_drafter_context(s)]
+            self._isolated(self._write_drafter_context, writes, [(s.length - s.chunk, s.length) for s in writes])
         for s, (first, prompt) in zip(seqs, done):
             if prompt is not None:
                 s.prompt_logprobs.extend(prompt)
@@ -459,14 +460,13 @@ class Engine:
         always (its first pass reads them), any other's for the prefix cache's sake."""
         return self.drafts.cached_rows(s) is not None or self.blocks.prefix_caching
 
-    def _write_drafter_context(self, seqs: list[Sequence], spans: list[tuple[int, int]] | None = None) -> None:
-        """Write the drafter's context rows [lo, hi) of each sequence now (spans; None: the chunk
-        each prefilled this step, [length - chunk, length)), in one flat call, whatever the sequence's method: its pages then serve drafter-based requests from the
+    def _write_drafter_context(self, seqs: list[Sequence], spans: list[tuple[int, int]]) -> None:
+        """Write the drafter's context rows [lo, hi) of each sequence (`spans`) now, in one flat
+        call, whatever the sequence's method: its pages then serve drafter-based requests from the
         prefix cache (a hit pays for every method), and a drafter pass has no prompt to catch up
         on. Rows [0, lo) are written already (an earlier chunk, or adopted drafted pages). A row
         costs the drafter's fc and K/V projections: ~1 % of the target's for the same row."""
-        spans = [(s, lo, hi) for s, (lo, hi) in zip(seqs, spans or [(s.length - s.chunk, s.length) for s in seqs])
-                 if hi > lo]
+        spans = [(s, lo, hi) for s, (lo, hi) in zip(seqs, spans) if hi > lo]
         if not spans:
             return
         self.runner.write_drafter_context(np.repeat([s.slot for s, _, _ in spans], [hi - lo for _, lo, hi in spans]),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -188,15 +187,25 @@ class PhaseClock:
         """Seconds since this step began."""
         return time.perf_counter() - self.started
 
-    @contextmanager
-    def __call__(self, phase: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            dt = time.perf_counter() - t0
-            self.total.add(phase, dt)
-            self.step.add(phase, dt)
+    def __call__(self, phase: str) -> _Timing:
+        return _Timing(self, phase)
+
+
+class _Timing:
+    """One `with clock(phase)` block (a plain class: a generator-based context manager costs
+    ~1.1 us a block, nine blocks a round)."""
+    __slots__ = ("clock", "phase", "t0")
+
+    def __init__(self, clock: PhaseClock, phase: str):
+        self.clock, self.phase = clock, phase
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        dt = time.perf_counter() - self.t0
+        self.clock.total.add(self.phase, dt)
+        self.clock.step.add(self.phase, dt)
 
 
 @dataclass(slots=True)

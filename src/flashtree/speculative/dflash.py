@@ -101,9 +101,11 @@ class DFlashDrafts:
                                            block_len)                        # [B, K-1, Vd]
         k = min(max(self.ranks.get(s, 1) for s in seqs), logprobs.shape[-1])
         top_lp, top_ids = cpu_dense.topk(logprobs, k)                        # [B, K-1, k] each
-        # the pass's one host copy (a round's other: the draws), values and ids together (exact in float64)
-        both = torch.stack([top_lp.double(), top_ids.double()]).cpu().numpy()
-        top_lp, top_ids = both[0].astype(np.float32), both[1].astype(np.int64)
+        if top_lp.device.type == "cpu":  # on the host already: nothing to copy
+            top_lp, top_ids = top_lp.numpy(), top_ids.numpy()
+        else:  # the pass's one copy to the host (a round's other: the draws), values and ids together
+            both = torch.stack([top_lp.double(), top_ids.double()]).cpu().numpy()  # (exact in float64)
+            top_lp, top_ids = both[0].astype(np.float32), both[1].astype(np.int64)
         if self.runner.draft_ids is not None:  # draft-vocabulary indices -> token ids
             top_ids = self.runner.draft_ids[top_ids]
         self.fed.update(zip(seqs, fed))
