@@ -62,7 +62,7 @@ def test_calibration_learns_the_observed_frequency():
     seen = rng.random(400) < 0.2      # ... but only 20 % of its nodes are accepted
     before = float(cal.rate([-0.3])[0])
     for i in range(0, 400, 40):       # rounds of 40 nodes
-        cal.update(lp[i:i + 40], seen[i:i + 40])
+        cal = cal.updated(lp[i:i + 40], seen[i:i + 40])
     after = float(cal.rate([-0.3])[0])
     assert before > 0.7 and abs(after - seen.mean()) < 0.02
     assert float(cal.rate([-5.0])[0]) == pytest.approx(math.exp(BIN_CENTRES[1]))  # other bins untouched
@@ -83,7 +83,7 @@ def test_tau_curve_starts_at_one_and_grows():
     curve = np.array(tau_curve(path_logprobs(tree)[1:], cal))
     assert len(curve) == tree.size and curve[0] == 1.0 and np.all(np.diff(curve) >= 0)
     assert curve[-1] < 1 + (tree.size - 1)
-    cal.update(path_logprobs(tree)[1:], np.zeros(tree.size - 1, dtype=bool))  # nothing accepted
+    cal = cal.updated(path_logprobs(tree)[1:], np.zeros(tree.size - 1, dtype=bool))  # nothing accepted
     assert np.all(np.array(tau_curve(path_logprobs(tree)[1:], cal))[1:] < curve[1:])
 
 
@@ -299,23 +299,24 @@ def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     they last drafted) are part of that round's cost: a curve that beats plain decoding with a
     steady pass does not when the pass must catch up first (at C=8 auto re-drafted on stale curves
     at ~2x the cost it predicted), and a probe's break-even is what the probe cost."""
-    from flashtree.speculative.adaptive import AdaptiveBudget
+    from flashtree.speculative.adaptive import PROBE_EVERY, AdaptiveBudget, Choice, verdict
     ctl = AdaptiveBudget()
     ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=1e-3, learn=False)  # steady round: ~2 plain ones
     ctl.costs.context_row_s = 5e-5
     seq = FakeSeq(prompt=[1, 2, 3, 4, 5])
     seq.auto = True
     tree = build_ddtree(0, *drafts(L=4, K=3, seed=1), budget=8)
+    choice = Choice(tree.size - 1, 2.0, path_logprobs(tree)[1:])
+    for _ in range(20):                                      # a curve whose nodes were all accepted
+        ctl.learn(seq, tree, list(range(tree.size)), choice)  # (E[tau] 8.7 at 9 tokens); no probe due
     st = ctl.state(seq, 1)
-    st.probe_gap, st.undrafted = 64, 0  # a fresh curve, no probe due
-    st.recent.append(path_logprobs(tree)[1:])
-    for _ in range(20):                                                         # ... whose nodes were all accepted
-        st.calibration.update(st.recent[-1], np.ones(tree.size - 1, dtype=bool))  # (E[tau] 8.7 at 9 tokens)
-    assert ctl.decide([seq], 1, catch_up=0)
-    ctl.steady = None
-    assert ctl.decide([seq], 1, catch_up=20)        # 1 ms more: still pays
-    ctl.steady = None
-    assert not ctl.decide([seq], 1, catch_up=400)   # 20 ms more: plain is faster
+
+    def drafts_at(catch_up):
+        return verdict([seq], [st], 1, ctl.costs, catch_up, PROBE_EVERY, [True]).draft
+
+    assert drafts_at(0)
+    assert drafts_at(20)        # 1 ms more: still pays
+    assert not drafts_at(400)   # 20 ms more: plain is faster
     # fit: the round's break-even counts the rows it caught up on
     _, (steady,) = ctl.fit([seq], [tree], 1)
     _, (probe,) = ctl.fit([seq], [tree], 1, caught_up=400)
@@ -510,50 +511,57 @@ def test_a_probe_round_resets_the_gaps_when_it_beats_plain_keeps_them_when_half_
     tau >= break_even resets the gaps, 1 + (break_even - 1) / 2 <= tau < break_even keeps them,
     less doubles them; and a gap after a round that lost is at least its loss in plain rounds
     (break_even - tau) / PROBE_LOSS, so probing costs at most PROBE_LOSS of plain decoding."""
-    from flashtree.speculative.adaptive import AdaptiveBudget, Choice
+    from dataclasses import replace
+
+    from flashtree.speculative.adaptive import Choice, learned, settled, started
     from flashtree.speculative.probes import PROBE_LOSS
     assert PROBE_LOSS == 0.01
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
-    ctl, seq = AdaptiveBudget(probe_every=8), FakeSeq()
+    seq = FakeSeq()
+    states = {}
 
     def probe(seqs_taus, nodes=6, break_even=5.0):  # half-paid: mean tau >= 3; beat: >= 5
         choice = Choice(nodes, 2.5, paths, break_even)
-        for s, tau in seqs_taus:
-            ctl.state(s).prefers_plain = True  # a probe: the round drafts after a plain verdict
-            ctl.learn(s, tree, list(range(tau)), choice)
-        ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
+        after = []
+        for s, tau in seqs_taus:  # a probe: the round drafts after a plain verdict
+            st = replace(states.get(s) or started(s, 1, None), prefers_plain=True)
+            after.append(learned(st, tree, list(range(tau)), choice))
+        taus = [tau for _, tau in seqs_taus]
+        states.update(zip([s for s, _ in seqs_taus], settled(after, taus, break_even, nodes > 0, 8)))
 
     probe([(seq, 2)])
-    assert ctl.state(seq).probe_gap is None  # its first drafted round: no verdict (2 < 3 would back off)
+    assert states[seq].probe_gap is None  # its first drafted round: no verdict (2 < 3 would back off)
     probe([(seq, 2)], break_even=2.05)
-    assert ctl.state(seq).probe_gap == 8      # half-paid, losing 0.05 plain rounds: kept
+    assert states[seq].probe_gap == 8      # half-paid, losing 0.05 plain rounds: kept
     probe([(seq, 1)], break_even=1.1)
-    assert ctl.state(seq).probe_gap == 16     # accepted nothing: doubled (its loss alone asks for 5)
+    assert states[seq].probe_gap == 16     # accepted nothing: doubled (its loss alone asks for 5)
     probe([(seq, 1)], break_even=1.1)
-    assert ctl.state(seq).probe_gap == 32
+    assert states[seq].probe_gap == 32
     probe([(seq, 4)])
-    assert ctl.state(seq).probe_gap == 100    # half-paid, but it lost one plain round: 1 / 0.01
+    assert states[seq].probe_gap == 100    # half-paid, but it lost one plain round: 1 / 0.01
     probe([(seq, 5)])
-    assert ctl.state(seq).probe_gap is None   # beat plain decoding
+    assert states[seq].probe_gap is None   # beat plain decoding
     probe([(seq, 1)], nodes=0, break_even=1.1)
-    assert ctl.state(seq).probe_gap == 16     # verified nothing
+    assert states[seq].probe_gap == 16     # verified nothing
     probe([(seq, 1)], nodes=0)
-    assert ctl.state(seq).probe_gap == 400    # ... and lost four plain rounds
+    assert states[seq].probe_gap == 400    # ... and lost four plain rounds
     batch = [FakeSeq() for _ in range(8)]
     probe([(s, 1) for s in batch])  # their first drafted round
-    assert all(ctl.state(s).probe_gap is None for s in batch)
+    assert all(states[s].probe_gap is None for s in batch)
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=1.2)  # one of 8 did well: the mean,
-    assert all(ctl.state(s).probe_gap is None for s in batch)              # 1.375, beats 1.2
+    assert all(states[s].probe_gap is None for s in batch)              # 1.375, beats 1.2
     probe([(batch[0], 4)] + [(s, 1) for s in batch[1:]], break_even=3.0)  # mean 1.375 < 2: doubled, and
-    assert all(ctl.state(s).probe_gap == 163 for s in batch)               # its loss: (3 - 1.375) / 0.01
+    assert all(states[s].probe_gap == 163 for s in batch)               # its loss: (3 - 1.375) / 0.01
 
 
 def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_reads_recent_trees():
     """Only a probe (a round drafted after a plain verdict) backs off: a streak's round that loses
     leaves the gap alone, and the next verdict weighs the mean curve of the last RECENT_TREES
     trees, so one unsure tree among sure ones does not send a sequence to plain rounds."""
-    from flashtree.speculative.adaptive import RECENT_TREES, AdaptiveBudget, Choice
+    from dataclasses import replace
+
+    from flashtree.speculative.adaptive import RECENT_TREES, AdaptiveBudget, Choice, verdict
     from flashtree.speculative.calibration import mean_curve
     ctl = AdaptiveBudget(probe_every=8)
     ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=2e-4, learn=False)  # 8 nodes: ~1.65 plain rounds
@@ -574,16 +582,18 @@ def test_a_losing_round_of_a_drafting_streak_leaves_the_gap_and_the_verdict_read
     st = ctl.state(seq, 1)
     assert not st.probed and st.probe_gap is None
     round_(unsure, 1)                       # a streak's round that lost: no back-off
+    st = ctl.state(seq, 1)
     assert st.probe_gap is None
     alone = tau_curve(path_logprobs(unsure)[1:], st.calibration)
     assert len(st.recent) == RECENT_TREES and mean_curve(st.recent, st.calibration)[-1] > alone[-1]
     assert ctl.decide([seq], 1)        # the mean of the recent curves still pays ...
-    st.recent.clear()
-    st.recent.append(path_logprobs(unsure)[1:])
-    ctl.steady = None
-    assert not ctl.decide([seq], 1)    # ... the unsure tree's alone does not
-    st.prefers_plain = True                 # after a plain verdict the next drafted round is a probe
-    round_(unsure, 1)
+    unsure_alone = replace(st, recent=(path_logprobs(unsure)[1:],))
+    assert not verdict([seq], [unsure_alone], 1, ctl.costs, 0, 8, [True]).draft  # ... the unsure tree's alone does not
+    for _ in range(RECENT_TREES - 1):
+        round_(unsure, 1)
+    assert not ctl.decide([seq], 1)         # unsure trees only: a plain verdict, so the next drafted
+    round_(unsure, 1)                       # round is a probe
+    st = ctl.state(seq, 1)
     assert st.probed and st.probe_gap > 8   # that lost: backed off
 
 
@@ -593,37 +603,36 @@ def test_a_batch_probe_leaves_one_gap_and_judges_a_sequence_that_started_plain()
     gaps probes again when that gap has passed, not when the first of them is due. A sequence that
     started plain on a passed-on probe clock is judged by its first drafted round (it comes
     mid-text); one that started by drafting is not."""
-    from flashtree.speculative.adaptive import AdaptiveBudget, Choice, regime, setting
+    from dataclasses import replace
+
+    from flashtree.speculative.adaptive import AdaptiveBudget, Choice, learned, regime, setting, settled, started
     from flashtree.speculative.probes import MAX_PROBE_GAP
     tree = build_ddtree(0, *drafts(L=3, K=2), budget=6)
     paths = path_logprobs(tree)[1:]
-    ctl = AdaptiveBudget(probe_every=8)
 
-    def probe(seqs_taus, break_even=5.0):
+    def probe(states, taus, break_even=5.0):  # a probe: the round drafts after a plain verdict
         choice = Choice(6, 2.5, paths, break_even)
-        for s, tau in seqs_taus:
-            ctl.state(s).prefers_plain = True  # a probe: the round drafts after a plain verdict
-            ctl.learn(s, tree, list(range(tau)), choice)
-        ctl.settle([(s, choice, tau) for s, tau in seqs_taus])
+        after = [learned(replace(st, prefers_plain=True), tree, list(range(tau)), choice)
+                 for st, tau in zip(states, taus)]
+        return settled(after, taus, break_even, True, 8)
 
-    old = [FakeSeq(prompt=[1, 2, 3 + i]) for i in range(3)]
-    for s, gap in zip(old, (170, 872, None)):
-        st = ctl.state(s, 8)
-        st.drafted, st.probe_gap = 2, gap
+    old = [replace(started(FakeSeq(prompt=[1, 2, 3 + i]), 8, None), drafted=2, probe_gap=gap)
+           for i, gap in enumerate((170, 872, None))]
     assert MAX_PROBE_GAP == 1024
-    probe([(s, 2) for s in old], break_even=4.0)  # mean 2 < 2.5: unpaid, the largest (872) doubled, capped
-    assert [ctl.state(s).probe_gap for s in old] == [MAX_PROBE_GAP] * 3
-    probe([(s, 3) for s in old], break_even=4.0)  # half paid: kept (its loss alone asks for 100)
-    assert [ctl.state(s).probe_gap for s in old] == [MAX_PROBE_GAP] * 3
-    probe([(s, 4) for s in old], break_even=4.0)  # beat plain decoding: every gap back to probe_every
-    assert [ctl.state(s).probe_gap for s in old] == [None] * 3
+    old = probe(old, [2] * 3, break_even=4.0)  # mean 2 < 2.5: unpaid, the largest (872) doubled, capped
+    assert [st.probe_gap for st in old] == [MAX_PROBE_GAP] * 3
+    old = probe(old, [3] * 3, break_even=4.0)  # half paid: kept (its loss alone asks for 100)
+    assert [st.probe_gap for st in old] == [MAX_PROBE_GAP] * 3
+    old = probe(old, [4] * 3, break_even=4.0)  # beat plain decoding: every gap back to probe_every
+    assert [st.probe_gap for st in old] == [None] * 3
 
+    ctl = AdaptiveBudget(probe_every=8)
     fresh = FakeSeq(prompt=[9, 9, 9])
     ctl.starts[regime(setting(fresh), 8)] = (64, 10)  # its regime passes on a clock: it starts plain
     inherited, drafting = ctl.state(fresh, 8), ctl.state(FakeSeq(prompt=[8, 8, 8], temperature=1.0), 8)
     assert inherited.started_plain and inherited.probe_gap == 64 and not drafting.started_plain
-    probe([(fresh, 1)], break_even=3.0)           # its first probe lost: judged (doubled, and its loss: 200)
-    assert inherited.probe_gap == 200
+    (after,) = probe([inherited], [1], break_even=3.0)  # its first probe lost: judged (doubled, and its loss: 200)
+    assert after.probe_gap == 200
 
 
 PROMPT = [1, 2, 3]
@@ -715,12 +724,12 @@ def test_repeats_finds_an_earlier_occurrence_of_the_last_3gram_incrementally():
     """The incremental check equals the definition at every length, prompt and output alike,
     whether it runs every round or catches up on many rounds at once (a regime whose repeat credit
     is spent checks only when a round may draft)."""
-    from flashtree.speculative.adaptive import AutoState, repeats, setting
+    from flashtree.speculative.adaptive import RepeatIndex, repeats
     rng = np.random.default_rng(0)
     for trial in range(30):
         toks = rng.integers(0, 4, size=40).tolist()
         seq = FakeSeq(prompt=toks[:7])
-        st = AutoState(setting(seq), seq.metrics)
+        st = RepeatIndex()
         step = 1 if trial % 2 else int(rng.integers(2, 12))  # one plain round's token at a time, or many rounds'
         for k in range(7, 41, step):
             seq.output_ids = toks[7:k]
@@ -753,8 +762,7 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     paths = path_logprobs(tree)[1:]
 
     def drafted(seq, tau):  # the round costs 5 plain ones: it beat plain decoding when tau >= 5
-        repeats(seq, ctl.state(seq))  # as decide does for a round that drafts (a probe, here)
-        ctl.state(seq).prefers_plain = True
+        repeats(seq, ctl.state(seq).text)  # as decide does for a round that drafts (a probe, here)
         choice = Choice(6, 2.5, paths, 5.0)
         ctl.learn(seq, tree, list(range(tau)), choice)
         ctl.settle([(seq, choice, tau)])
@@ -777,13 +785,13 @@ def test_a_repeat_calls_a_re_probe_while_drafting_in_repeats_pays_in_its_setting
     assert ctl.decide([loop(), loop(), calm()], 3)
     assert ctl.decide([calm(), calm(), loop(), loop(), loop()], 5)
     quiet = [calm(), calm(), calm(), loop(), loop()]  # once the rest cannot make a majority, they are not read
-    assert not ctl.decide(quiet, 5) and [ctl.state(s).seen for s in quiet] == [5, 5, 5, 0, 0]
+    assert not ctl.decide(quiet, 5) and [ctl.state(s).text.seen for s in quiet] == [5, 5, 5, 0, 0]
     newcomer = calm()  # ... and those already read go first: a newcomer's prompt is not read either
     for s in quiet[:3]:
         s.output_ids.append(6)
     ctl.steady = None
-    assert not ctl.decide([newcomer] + quiet, 6) and ctl.state(newcomer).seen == 0
-    assert [ctl.state(s).seen for s in quiet] == [6, 6, 6, 0, 0]
+    assert not ctl.decide([newcomer] + quiet, 6) and ctl.state(newcomer).text.seen == 0
+    assert [ctl.state(s).text.seen for s in quiet] == [6, 6, 6, 0, 0]
     # the gains are kept per batch size class: batches of 2-3 have their own (fresh: repeats call)
     assert set(ctl.repeat_gain) == {("ddtree", 0.0, 1)}
 
@@ -808,9 +816,10 @@ def test_a_standing_plain_verdict_answers_as_a_fresh_look_would():
         ctl.costs = never_pays()
         seqs = [FakeSeq(prompt=[1, 2, 3, 4 + i], temperature=1.0) for i in range(4)]
         ctl.repeat_gain[regime(setting(seqs[0]), 4)] = -1.5  # spent (one token of credit to start): no repeat calls
-        for i, s in enumerate(seqs):
-            st = ctl.state(s, 4)
-            st.probe_gap, st.undrafted, st.prefers_plain = 6 + 5 * i, i, True
+        for i, s in enumerate(seqs):  # each starts plain on its own probe clock
+            ctl.starts[regime(setting(s), 4)] = (6 + 5 * i, i)
+            ctl.state(s, 4)
+        ctl.starts.clear()
         answers, held = [], 0
         for r in range(90):
             batch = seqs if r < 50 else seqs[1:]  # the first one leaves at round 50

@@ -4,10 +4,12 @@ The pieces (SPEC §2 "Adaptive budget") live beside this module, each pure: `cal
 (E[tau | N] of a tree from its draft probabilities, calibrated per sequence), `costs.py` (the
 measured cost of a round by batch and width, the width that is fastest, whether drafting pays) and
 `probes.py` (when a sequence that decodes plainly drafts again). `AdaptiveBudget` is the engine's
-controller; it keeps each auto sequence's state (`AutoState`), and the engine calls it four
-times a round at most:
+controller. Each auto sequence's state is a value (`AutoState`); the rules are pure functions
+of states and inputs that return new states — `started`, `verdict`, `learned`, `settled`,
+`repeat_gains` — and the controller keeps what they return. The engine calls it four times a
+round at most:
 
-1. `depths` (before drafting), through `decide`, which records the pure `verdict` on the states:
+1. `depths` (before drafting), through `decide`, which keeps the states `verdict` returns:
    the drafter runs unless every sequence's verdict is plain —
    its mean curve of its last RECENT_TREES trees predicts plain decoding is faster, drafter cost
    included — and none is due for a probe or has repeating text calling one (`repeats`: the
@@ -28,8 +30,7 @@ build trees, verify or sample.
 """
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -91,25 +92,34 @@ PLAIN = Choice(0, 1.0, None)   # a plain round's choice (no draft: one token exp
 
 
 @dataclass(slots=True)
+class RepeatIndex:
+    """The REPEAT_NGRAM-grams of a sequence's committed tokens so far, and whether the last one
+    occurred earlier: a cache that `repeats` brings up to date when a decision reads it (filling
+    it changes no answer), so it is shared by every value of the sequence's `AutoState`."""
+    grams: set = field(default_factory=set)
+    seen: int = 0           # committed tokens already in `grams`
+    repeats: bool = False   # the last committed n-gram occurred earlier (as of the last read: `repeats`
+                            # runs in decide only, for a round that may draft or a regime with repeat credit)
+
+
+@dataclass(slots=True, frozen=True)
 class AutoState:
+    """One auto sequence's state, a value: the controller's pure transitions (`started`,
+    `verdict`, `learned`, `settled`) return new ones."""
     setting: tuple                        # its sampling setting (see `setting`: a request's never changes)
     metrics: RequestMetrics               # its request's metrics: `rounds` counts its committed rounds
     calibration: Calibration = field(default_factory=Calibration)
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_TREES))  # the path log-probs (root
-                                          # excluded) of its last drafted trees, oldest first
+    recent: tuple = ()                    # the path log-probs (root excluded) of its last RECENT_TREES
+                                          # drafted trees, oldest first
     drafted_at: int = 0                   # metrics.rounds after the last round it drafted in (see undrafted)
     probe_gap: int | None = None          # undrafted rounds before the next probe; None: the controller's
-                                          # probe_every (it backs off, see settle)
+                                          # probe_every (it backs off, see settled)
     prefers_plain: bool = False           # the last verdict on its current curve: plain decoding is faster
     probed: bool = False                  # its last drafted round came after a plain verdict (a probe)
     drafted: int = 0                      # rounds it drafted in
-    started_plain: bool = False           # it began on plain rounds with a probe clock passed on (see state)
-    grams: set = field(default_factory=set)  # the REPEAT_NGRAM-grams of its committed tokens so far
-    seen: int = 0                         # committed tokens already in `grams`
+    started_plain: bool = False           # it began on plain rounds with a probe clock passed on (see started)
     batch: int = 1                        # the size of the batch it last ran in
-    repeats: bool = False                 # the last committed REPEAT_NGRAM-gram occurred earlier (as of
-                                          # the last decision that read it: `repeats` runs in decide
-                                          # only, for a round that may draft or a regime with repeat credit)
+    text: RepeatIndex = field(default_factory=RepeatIndex)  # its committed n-grams (a cache, see RepeatIndex)
 
     @property
     def undrafted(self) -> int:
@@ -117,9 +127,65 @@ class AutoState:
         round costs the controller no call at all."""
         return self.metrics.rounds - self.drafted_at
 
-    @undrafted.setter
-    def undrafted(self, rounds: int) -> None:
-        self.drafted_at = self.metrics.rounds - rounds
+
+def started(seq: Sequence, batch: int, clock: tuple[int, int] | None) -> AutoState:
+    """A new auto sequence's state in a batch of `batch`: it starts by drafting, or — given a
+    probe clock (probe gap, undrafted rounds so far) passed on by its regime or its peers — on
+    plain rounds where that clock stood."""
+    st = AutoState(setting(seq), seq.metrics, drafted_at=seq.metrics.rounds, batch=batch)
+    if clock is None:
+        return st
+    gap, undrafted = clock
+    return replace(st, probe_gap=gap, drafted_at=seq.metrics.rounds - undrafted, prefers_plain=True,
+                   started_plain=True)
+
+
+def learned(st: AutoState, tree: DraftTree, path: list[int], choice: Choice) -> AutoState:
+    """st after a round that drafted `tree` for it (the commit counted in st.metrics.rounds;
+    `path`: the accepted nodes, root first): the verified nodes train the calibration and the
+    tree becomes its latest curve. A round that drafted nothing for it (its tree the root) teaches
+    nothing: its undrafted rounds count themselves."""
+    if choice.paths is None:
+        return st
+    calibration = st.calibration
+    if tree.size > 1:
+        accepted = np.zeros(tree.size, dtype=bool)
+        accepted[path] = True
+        calibration = calibration.updated(path_logprobs(tree)[1:], accepted[1:])
+    return replace(st, calibration=calibration, recent=(st.recent + (choice.paths,))[-RECENT_TREES:],
+                   drafted_at=st.metrics.rounds, prefers_plain=False,
+                   probed=st.prefers_plain)  # drafted after a plain verdict: settled judges the probe
+
+
+def settled(states: list[AutoState], taus: list[int], break_even: float, verified: bool,
+            probe_every: int) -> list[AutoState]:
+    """The states of one drafting round's auto sequences after it (see AdaptiveBudget.settle;
+    `taus`: the tokens each committed, `verified`: whether the round verified any node): each
+    counts the round; those it judges — past their first drafted round, or started plain — share
+    one probe gap, `probes.gap_after` from the largest of theirs, when the round's mean tau beat
+    plain decoding or the round was a probe. A losing round of a drafting streak changes no gap."""
+    mean_tau = sum(taus) / len(taus)
+    counted = [replace(st, drafted=st.drafted + 1) for st in states]
+    # the first drafted round of a sequence that started by drafting judges nothing: acceptance
+    # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
+    judged = [i for i, st in enumerate(counted) if st.drafted > 1 or st.started_plain]
+    if not judged or not (beats_plain(mean_tau, break_even, verified) or any(counted[i].probed for i in judged)):
+        return counted
+    # one gap for the batch, from the one that backed off most (see AdaptiveBudget.settle)
+    gap = gap_after(max(counted[i].probe_gap or probe_every for i in judged), mean_tau, break_even, verified)
+    return [replace(st, probe_gap=gap) if i in judged else st for i, st in enumerate(counted)]
+
+
+def repeat_gains(states: list[AutoState], taus: list[int], break_even: float) -> dict[tuple, float]:
+    """What one drafting round gained over plain decoding (its mean tau - break_even), summed per
+    regime over those of its sequences whose text repeated when it was decided (see _credit)."""
+    mean_tau = sum(taus) / len(taus)
+    gains: dict[tuple, float] = {}
+    for st in states:
+        if st.text.repeats:
+            key = regime(st.setting, st.batch)
+            gains[key] = gains.get(key, 0.0) + mean_tau - break_even
+    return gains
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,27 +200,27 @@ class Steady:
     callers: list   # [(seq, its AutoState)]
 
 
-def repeats(seq: Sequence, st: AutoState, n: int = REPEAT_NGRAM) -> bool:
+def repeats(seq: Sequence, index: RepeatIndex, n: int = REPEAT_NGRAM) -> bool:
     """Whether the last n-gram of seq's committed tokens (prompt + output) occurred earlier in
-    them; `st` keeps the n-grams seen so far, so each call only adds the new tokens' n-grams."""
+    them; `index` keeps the n-grams seen so far, so each call only adds the new tokens' n-grams."""
     P, out = seq.prompt_ids, seq.output_ids
     total = len(P) + len(out)
-    if st.seen == total:
-        return st.repeats
-    if total == st.seen + 1 and len(out) >= n:  # one new token (a plain round): its one n-gram
+    if index.seen == total:
+        return index.repeats
+    if total == index.seen + 1 and len(out) >= n:  # one new token (a plain round): its one n-gram
         g = tuple(out[-n:])
-        st.repeats, st.seen = g in st.grams, total
-        st.grams.add(g)
-        return st.repeats
-    base = max(0, st.seen - n + 1)  # the first new n-gram starts here: it ends at max(seen + 1, n)
+        index.repeats, index.seen = g in index.grams, total
+        index.grams.add(g)
+        return index.repeats
+    base = max(0, index.seen - n + 1)  # the first new n-gram starts here: it ends at max(seen + 1, n)
     toks = (P[base:] + out) if base < len(P) else out[base - len(P):]
     new = list(zip(*(toks[i:] for i in range(n))))  # the new n-grams in order (a 100-token prompt:
     if new:                                         # 27 us, against 49 with a tuple() per n-gram)
         last = new[-1]  # it repeats if it occurred before: among the old n-grams or earlier new ones
-        st.repeats = last in st.grams or new.index(last) < len(new) - 1
-        st.grams.update(new)
-    st.seen = total
-    return st.repeats
+        index.repeats = last in index.grams or new.index(last) < len(new) - 1
+        index.grams.update(new)
+    index.seen = total
+    return index.repeats
 
 
 def due(st: AutoState, probe_every: int) -> bool:
@@ -174,7 +240,7 @@ def repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
     for s, st in callers:
         if need > left:
             return False
-        need, left = need - repeats(s, st), left - 1
+        need, left = need - repeats(s, st.text), left - 1
         if need <= 0:
             return True
     return False
@@ -182,11 +248,10 @@ def repeats_call(callers: list[tuple[Sequence, AutoState]], batch: int) -> bool:
 
 @dataclass(slots=True, frozen=True)
 class Verdict:
-    """A decision on a batch's auto sequences: whether the drafter runs, and what their states
-    record of it."""
+    """A decision on a batch's auto sequences: whether the drafter runs, and their states after it."""
     draft: bool
-    prefers_plain: bool | None = None  # every state's prefers_plain from now on (None: as it is)
-    steady: Steady | None = None       # the plain verdict that stands unread from now on
+    states: list                   # [AutoState] in the order of the sequences decided on
+    steady: Steady | None = None   # the plain verdict that stands unread from now on
 
 
 def verdict(seqs: list[Sequence], states: list[AutoState], batch: int, costs: CostTable, catch_up: int,
@@ -197,26 +262,28 @@ def verdict(seqs: list[Sequence], states: list[AutoState], batch: int, costs: Co
     repeats_call: the pass and the widest tree are paid by every sequence of the batch), and
     plain decoding's predicted rate beats the best rate with the drafter's cost included — with
     the context rows the pass would first feed (`catch_up`: what the sequences decoded plainly
-    since they last drafted), which this round pays. Reads the states; only their n-gram index
-    (`repeats`, a cache of the committed tokens) is brought up to date."""
+    since they last drafted), which this round pays. Returns the states with the verdict
+    recorded (`prefers_plain`); only their n-gram index (`RepeatIndex`, a cache of the committed
+    tokens) is written, brought up to date."""
     # plain-decoding sequences whose regime has repeat credit: a repeat of theirs calls a probe
     callers = [(s, st) for s, st, cr in zip(seqs, states, credited) if st.prefers_plain and cr]
     # those whose n-grams are up to date first: a count that stops early then never reads the
     # others (catching up is the costly part: a newcomer's whole prompt)
-    callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].seen)
+    callers.sort(key=lambda c: len(c[0].prompt_ids) + len(c[0].output_ids) - c[1].text.seen)
     is_due = not costs.measured or not costs.draft_s or any(due(st, probe_every) for st in states) \
         or repeats_call(callers, batch)
     if not is_due and all(st.prefers_plain for st in states):  # no new curve since that verdict:
         # it stands while the first of them is not due: next round is seqs[0]'s rounds + 1
         left = min(rounds_to_probe(st.probe_gap, st.undrafted, probe_every) for st in states)
-        return Verdict(False, steady=Steady(list(seqs), batch, seqs[0].metrics.rounds + left, callers))
+        return Verdict(False, list(states), Steady(list(seqs), batch, seqs[0].metrics.rounds + left, callers))
     for s, st in zip(seqs, states):  # a round that may draft: settle reads whether each one's text repeats
-        repeats(s, st)
+        repeats(s, st.text)
     if is_due:
-        return Verdict(True)
+        return Verdict(True, list(states))
     curves = [mean_curve(st.recent, st.calibration) for st in states]
     wants = drafting_pays(curves, costs, batch, costs.draft(batch) + costs.catch_up(catch_up), fixed=batch - len(seqs))
-    return Verdict(wants, prefers_plain=not wants)
+    return Verdict(wants, [st if st.prefers_plain == (not wants) else replace(st, prefers_plain=not wants)
+                           for st in states])
 
 
 class AdaptiveBudget:
@@ -240,13 +307,11 @@ class AdaptiveBudget:
         """seq's state (created on first sight, in a batch of `batch`); its batch size noted."""
         st = self.states.get(seq)
         if st is None:
-            key = setting(seq)
-            start = (self.starts.get(regime(key, batch or 1)) if self.starts else None) or self._peers_clock(seq)
-            st = self.states[seq] = AutoState(key, seq.metrics, drafted_at=seq.metrics.rounds)
-            if start is not None:
-                st.probe_gap, st.undrafted, st.prefers_plain, st.started_plain = start[0], start[1], True, True
-        if batch is not None:
-            st.batch = batch
+            start = (self.starts.get(regime(setting(seq), batch or 1)) if self.starts else None) \
+                or self._peers_clock(seq)
+            st = self.states[seq] = started(seq, batch or 1, start)
+        elif batch is not None and st.batch != batch:
+            st = self.states[seq] = replace(st, batch=batch)
         return st
 
     def _peers_clock(self, seq: Sequence) -> tuple[int, int] | None:
@@ -277,15 +342,13 @@ class AdaptiveBudget:
         """Whether the drafter runs for these auto sequences (a batch of `batch`, all auto; `held`:
         the batch the engine has work for, prefilling and waiting sequences included — the batch
         size class they run in, see `regime`): a standing plain verdict (`holds`), or a fresh
-        `verdict` on their states, which this records (their `prefers_plain`, a new `Steady`)."""
+        `verdict` on their states, whose new states and `Steady` this keeps."""
         if self.holds(seqs, batch):
             return False
         states = [self.state(s, max(batch, held)) for s in seqs]
         v = verdict(seqs, states, batch, self.costs, catch_up, self.probe_every, [self._credit(st) for st in states])
         self.steady = v.steady
-        if v.prefers_plain is not None:
-            for st in states:
-                st.prefers_plain = v.prefers_plain
+        self.states.update(zip(seqs, v.states))
         return v.draft
 
     def holds(self, seqs: list[Sequence], batch: int) -> bool:
@@ -333,20 +396,11 @@ class AdaptiveBudget:
         return trees, choices
 
     def learn(self, seq: Sequence, tree: DraftTree, path: list[int], choice: Choice) -> None:
-        """After the commit (seq.metrics.rounds counts it): the verified nodes train the
-        calibration; the drafted tree is the next round's curve. A round that drafted nothing for
-        seq teaches nothing (its undrafted rounds count themselves): the engine calls it only for
-        a sequence that drafted."""
+        """After the commit (seq.metrics.rounds counts it): seq's state becomes `learned`'s (the
+        engine calls it only for a sequence that drafted); a standing verdict read the old one."""
         if choice.paths is None:  # nothing drafted for it (its tree was the root)
             return
-        st = self.state(seq)
-        if tree.size > 1:
-            accepted = np.zeros(tree.size, dtype=bool)
-            accepted[path] = True
-            st.calibration.update(path_logprobs(tree)[1:], accepted[1:])
-        st.probed = st.prefers_plain  # drafted after a plain verdict: settle judges the probe
-        st.recent.append(choice.paths)
-        st.undrafted, st.prefers_plain = 0, False  # a fresh curve (a probe's gap: settle)
+        self.states[seq] = learned(self.state(seq), tree, path, choice)
         self.steady = None
 
     def observe(self, drafted: list[tuple[Sequence, DraftTree, list[int], Choice]]) -> None:
@@ -371,30 +425,18 @@ class AdaptiveBudget:
         it no verdict (its acceptance is not yet what it will be) unless it started on plain rounds
         with a passed-on probe clock (see release): then its first probe comes mid-text. What the
         round gained over plain decoding (mean tau - break_even) counts, per regime, for the
-        sequences whose text repeated (see _credit)."""
+        sequences whose text repeated (see _credit). The rules are the pure `settled` and
+        `repeat_gains`; this keeps what they return."""
         if not drafted:
             return
         self.steady = None
-        mean_tau = sum(tau for _, _, tau in drafted) / len(drafted)
+        seqs, taus = [seq for seq, _, _ in drafted], [tau for _, _, tau in drafted]
         break_even = drafted[0][1].break_even
         verified = any(c.nodes > 0 for _, c, _ in drafted)
-        judged = []
-        for seq, _, _ in drafted:
-            st = self.state(seq)
-            st.drafted += 1
-            if st.repeats:
-                key = regime(st.setting, st.batch)
-                self.repeat_gain[key] = self.repeat_gain.get(key, 0.0) + mean_tau - break_even
-            # the first drafted round of a sequence that started by drafting judges nothing: acceptance
-            # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
-            if st.drafted > 1 or st.started_plain:
-                judged.append(st)
-        if not judged or not (beats_plain(mean_tau, break_even, verified) or any(st.probed for st in judged)):
-            return
-        # one gap for the batch, from the one that backed off most (see the docstring)
-        gap = gap_after(max(st.probe_gap or self.probe_every for st in judged), mean_tau, break_even, verified)
-        for st in judged:
-            st.probe_gap = gap
+        states = [self.state(seq) for seq in seqs]
+        for key, gain in repeat_gains(states, taus, break_even).items():
+            self.repeat_gain[key] = self.repeat_gain.get(key, 0.0) + gain
+        self.states.update(zip(seqs, settled(states, taus, break_even, verified, self.probe_every)))
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the engine. If it finished with its last two probe rounds unpaid

@@ -35,7 +35,7 @@ def path_logprobs(tree: DraftTree) -> np.ndarray:
     return np.asarray(out)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Calibration:
     """Acceptance rate by draft path log-prob bin: Beta(PRIOR_COUNT * p, PRIOR_COUNT * (1 - p))
     priors, p = exp(bin centre), updated with the sequence's verified nodes."""
@@ -55,11 +55,12 @@ class Calibration:
         """Calibrated acceptance probability of nodes with these path log-probs."""
         return np.asarray(self.table())[self.bins(path_lp)]
 
-    def update(self, path_lp: np.ndarray, accepted: np.ndarray) -> None:
-        """One trial per node; a success when the node is on the accepted path."""
-        idx = self.bins(path_lp)
-        np.add.at(self.trials, idx, 1.0)
-        np.add.at(self.hits, idx, np.asarray(accepted, dtype=float))
+    def updated(self, path_lp: np.ndarray, accepted: np.ndarray) -> Calibration:
+        """This calibration with one more trial per node; a success when the node is on the
+        accepted path. A new value: the arrays of `self` are not written."""
+        idx, n = self.bins(path_lp), len(BIN_CENTRES)
+        return Calibration(self.hits + np.bincount(idx, weights=np.asarray(accepted, dtype=float), minlength=n),
+                           self.trials + np.bincount(idx, minlength=n))
 
 
 def tau_curve(paths: np.ndarray, calibration: Calibration) -> list[float]:
