@@ -20,7 +20,7 @@ uptime | tee -a $OUT/uptime.txt
   --methods ar,ddtree,hybrid --budgets 8,auto --temperatures 0,0.6,1.0 --top-p 0.95 \
   --concurrency 1,8 --repeats 2 --no-peers --exact-samples 0 --out $OUT/bench_temps
 uptime | tee -a $OUT/uptime.txt
-.venv/bin/python scripts/measure_auto_batch.py --out $OUT/auto_batch.json
-.venv/bin/python scripts/measure_paged.py --parts chunked --model smollm2-135m-instruct --out $OUT/chunked_smollm2.json
-.venv/bin/python scripts/measure_paged.py --parts chunked --model tiny-code --out $OUT/chunked_tiny.json
+.venv/bin/python benchmarks/auto_verdict_2026-12-04/measure_auto_batch.py --out $OUT/auto_batch.json
+.venv/bin/python benchmarks/paged_2026-12-04/measure_paged.py --parts chunked --model smollm2-135m-instruct --out $OUT/chunked_smollm2.json
+.venv/bin/python benchmarks/paged_2026-12-04/measure_paged.py --parts chunked --model tiny-code --out $OUT/chunked_tiny.json
 uptime | tee -a $OUT/uptime.txt

@@ -29,4 +29,4 @@ for rep in 1 2; do
     uptime | tee -a $OUT/uptime.txt
   done
 done
-.venv/bin/python scripts/summarize_drafter_compare.py $OUT new old
+.venv/bin/python benchmarks/run8_2026-12-05/summarize_drafter_compare.py $OUT new old

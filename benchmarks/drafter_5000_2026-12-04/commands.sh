@@ -22,7 +22,7 @@ for run in a b; do
 done
 for run in a b; do
   for amx in 1 0; do
-    FLASHTREE_AMX=$amx .venv/bin/python scripts/measure_projections.py --model smollm2-135m-instruct --dtype bfloat16 \
+    FLASHTREE_AMX=$amx .venv/bin/python benchmarks/real_model_2026-12-03/measure_projections.py --model smollm2-135m-instruct --dtype bfloat16 \
       --rows 1,8,17 --repeats 3 --calls 20 --out $OUT/projections_amx${amx}_$run.json
   done
 done

@@ -31,7 +31,7 @@ first_start() {  # $1: label; env as given
   FLASHTREE_COMPILE_HELPER=0 first_start nohelper_$rep
   uptime | tee -a $OUT/uptime.txt
 done
-[[ $SECTIONS == *2* ]] && [ -n "$RUN7" ] && scripts/compare_drafters.sh $OUT run7 "$RUN7" run5 ""
+[[ $SECTIONS == *2* ]] && [ -n "$RUN7" ] && benchmarks/run8_2026-12-05/compare_drafters.sh $OUT run7 "$RUN7" run5 ""
 #  3. the README's command with run 7 bundled (after section 2 chose it)
 [[ $SECTIONS == *3* ]] && .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 \
   --max-tokens 128 --methods ar,ngram,dflash,ddtree,hybrid --budgets 8,16,auto --temperatures 0 --concurrency 1 \

@@ -10,9 +10,9 @@ uptime
 t = time.perf_counter(); [x.sum() for _ in range(10)]; print('read bandwidth GB/s (fp32 sum over 512 MB):', round(10 * x.numel() * 4 / (time.perf_counter() - t) / 1e9, 1))" | tee $OUT/bandwidth.txt
 # issue 41 on the tiny pair: prefix hits for every method, the long-prompt stall, auto in a batch
 ../shared/tools/quiet 120
-.venv/bin/python scripts/measure_prefix_methods.py --out $OUT/prefix_methods.json
-.venv/bin/python scripts/measure_paged.py --out $OUT/paged.json
-.venv/bin/python scripts/measure_auto_batch.py --out $OUT/auto_batch.json
+.venv/bin/python benchmarks/real_pair_2026-12-04/measure_prefix_methods.py --out $OUT/prefix_methods.json
+.venv/bin/python benchmarks/paged_2026-12-04/measure_paged.py --out $OUT/paged.json
+.venv/bin/python benchmarks/auto_verdict_2026-12-04/measure_auto_batch.py --out $OUT/auto_batch.json
 uptime
 # issue 41 first (it ran first), then issue 40's bench, as run: the planned one (all methods, T=0/0.6/1.0,
 # 2 repeats, llama.cpp) needed ~35 min and llama-cpp-python had not built, so it was cut to this
@@ -29,5 +29,5 @@ done
 uptime
 
 # τ gap, engine vs teacher forcing (issue 40; session 28; not a speed run, taken beside a build)
-python scripts/measure_tau_gap.py benchmarks/real_pair_2026-12-04/tau_gap.json --rows 12 \
+python benchmarks/real_pair_2026-12-04/measure_tau_gap.py benchmarks/real_pair_2026-12-04/tau_gap.json --rows 12 \
     --drafter training/smollm2-135m-instruct-drafter/drafter   # loads as bf16, like the bundled copy

@@ -4,7 +4,7 @@
 # run 7 afterwards):
 #  1. the drafter's run 8 (18,000 chats) against run 7 (10,000), both in the bundle's bf16 +
 #     draft-vocabulary form: run 7 from its bundle at 98e1b6c, copied to RUN7 (the README's
-#     command, processes alternating, twice: scripts/compare_drafters.sh);
+#     command, processes alternating, twice: benchmarks/run8_2026-12-05/compare_drafters.sh);
 #  2. the README's command with run 8 bundled (3 repeats);
 #  3. (SECTIONS has 3; not run) the README's peers command: llama.cpp on the same prompts, T 0 and 1.
 set -x
@@ -21,7 +21,7 @@ fi
 lscpu > $OUT/lscpu.txt
 ../shared/tools/quiet 120 || exit 1
 uptime | tee -a $OUT/uptime.txt
-[[ $SECTIONS == *1* ]] && scripts/compare_drafters.sh $OUT run8 "" run7 "$RUN7"
+[[ $SECTIONS == *1* ]] && benchmarks/run8_2026-12-05/compare_drafters.sh $OUT run8 "" run7 "$RUN7"
 [[ $SECTIONS == *2* ]] && .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 \
   --max-tokens 128 --methods ar,ngram,dflash,ddtree,hybrid --budgets 8,16,auto --temperatures 0 --concurrency 1 \
   --repeats 3 --no-peers --exact-samples 0 --out $OUT/readme

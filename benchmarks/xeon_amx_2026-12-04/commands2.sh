@@ -9,11 +9,11 @@ OUT=benchmarks/xeon_amx_2026-12-04
 ../shared/tools/quiet 300
 uptime | tee -a $OUT/uptime.txt
 mkdir -p $OUT/after_ngram_fix
-.venv/bin/python scripts/measure_real_model.py --repeats 2 --code 6 --general 6 --max-tokens 128 \
+.venv/bin/python benchmarks/real_model_2026-12-03/measure_real_model.py --repeats 2 --code 6 --general 6 --max-tokens 128 \
   --dtypes bfloat16 --methods ar,ngram --out $OUT/after_ngram_fix
 .venv/bin/python scripts/measure_forwards.py --model smollm2-135m-instruct --dtype bfloat16 --tokens 1,2,4,8,16,32 \
   --modes compiled --repeats 3 --calls 20 --out $OUT/forwards_bfloat16.json
-.venv/bin/python scripts/measure_paged.py --parts chunked --out $OUT/paged_chunked_after.json
+.venv/bin/python benchmarks/paged_2026-12-04/measure_paged.py --parts chunked --out $OUT/paged_chunked_after.json
 uptime | tee -a $OUT/uptime.txt
 .venv/bin/flashtree bench --model smollm2-135m-instruct --prompts chats --num-prompts 8 --max-tokens 128 \
   --methods ar,ngram,dflash,ddtree,hybrid --budgets 8,16,auto --temperatures 0,1.0 --top-p 0.95 \

@@ -39,7 +39,7 @@ ATEN = {"avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512", "amx": "avx
 # libgomp (torch's CPU wheel) and Intel's runtime: idle threads sleep after a short spin (~20 us)
 # instead of libgomp's 300,000 iterations. Quiet decoding kept its speed with it, and a thread
 # left spinning beside a busy neighbour no longer burns its partner's time slices
-# (scripts/measure_threads.py, docs/cpu-paths.md); the user's own values win.
+# (benchmarks/threads_2026-12-06/measure_threads.py, docs/cpu-paths.md); the user's own values win.
 WAIT_ENV = {"GOMP_SPINCOUNT": "20000", "KMP_BLOCKTIME": "0"}
 
 

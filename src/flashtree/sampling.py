@@ -163,7 +163,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     vocabulary torch's CPU argmax costs ~46 us here ([9, 4096]), numpy's ~9 — it is every greedy
     round's draw. bf16/fp16 rows are widened to float32 first (exact, so the same first maximum):
     torch's bf16 argmax over SmolLM2's 49,152 logits costs ~155 us a row, widening and numpy's
-    ~10 (`scripts/measure_sampling.py --argmax --vocab 49152`, one thread)."""
+    ~10 (`benchmarks/sampling_2026-11-30/measure_sampling.py --argmax --vocab 49152`, one thread)."""
     if x.device.type == "cpu" and x.is_floating_point() and not x.requires_grad:
         wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
         return torch.from_numpy(wide.numpy().argmax(-1))

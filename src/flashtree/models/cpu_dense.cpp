@@ -3,7 +3,7 @@
 // Why: a decode step multiplies 1..~100 rows by each weight. MKL's sgemm is tuned for big
 // products; on the reference CPU (Zen 3, AVX2) the bundled target's 17 projections took
 // 1.97-3.69 ms at 1-9 rows through it, against 0.43-1.08 ms here
-// (scripts/measure_projections.py).
+// (benchmarks/real_model_2026-12-03/measure_projections.py).
 //
 // How: the weight [N, K] is packed once into panels of 16 output columns, k-major:
 // packed[p, k, c] = W[16p + c, k] (zero-padded past N), so one k step of a panel is one 64-byte

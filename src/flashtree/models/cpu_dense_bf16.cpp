@@ -3,7 +3,7 @@
 // Why: a bf16 decode step is bound by streaming the weights (269 MB a token for SmolLM2-135M).
 // oneDNN's bf16 linear took 26.7 ms for its 121 projections at one row on the reference Xeon
 // (AMX, 2 cores), this kernel 12.8 ms (benchmarks/real_model_2026-12-03/projections_bf16_amx0.json,
-// scripts/measure_projections.py); vdpbf16ps multiplies 32
+// benchmarks/real_model_2026-12-03/measure_projections.py); vdpbf16ps multiplies 32
 // bf16 weights by a broadcast pair of x in one instruction.
 //
 // How: the weight [N, K] is packed once into panels of 16 output columns holding k in pairs:

@@ -2,8 +2,8 @@
 (`logits_to_probs` + `sample`, what CUDA and a CPU without the kernels run) and the CPU kernel
 (`sample_host`, what the CPU engine runs).
 
-    .venv/bin/python scripts/measure_sampling.py [--vocab 4096] [--threads 1]
-    .venv/bin/python scripts/measure_sampling.py --argmax --vocab 49152   # greedy draws of bf16 logits
+    .venv/bin/python benchmarks/sampling_2026-11-30/measure_sampling.py [--vocab 4096] [--threads 1]
+    .venv/bin/python benchmarks/sampling_2026-11-30/measure_sampling.py --argmax --vocab 49152   # greedy draws of bf16 logits
 
 Prints microseconds (median of 5 × 20 calls, the forms alternating) with the filters off,
 top-k 50, and top-p 0.95 at T=0.7, at R = 1, 9, 72 (9: a ddtree@8 verify; 72: eight of them).

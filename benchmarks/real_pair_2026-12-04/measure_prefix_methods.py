@@ -7,7 +7,7 @@ it never drafts), then a later-method request sharing that prefix with a differe
 `--pairs` interleaved repeats, one process (compiled runner as loaded by default). Run on a
 quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_prefix_methods.py [--model tiny-code] [--out benchmarks/prefix_methods.json]
+Usage: python benchmarks/real_pair_2026-12-04/measure_prefix_methods.py [--model tiny-code] [--out benchmarks/prefix_methods.json]
 """
 import argparse
 import json
@@ -26,7 +26,7 @@ p.add_argument("--pairs", type=int, default=5)
 p.add_argument("--max-tokens", type=int, default=1)
 p.add_argument("--out", default=None)
 a = p.parse_args()
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 texts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")]
 llm = LLM(a.model, max_batch_size=4)
 tok = llm.tokenizer

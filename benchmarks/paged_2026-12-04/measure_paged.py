@@ -14,7 +14,7 @@ machine (`../shared/tools/quiet`):
    prefills and the next 60 steps against the median of 30 undisturbed steps before it, with the
    defaults (row budget + pacing), the row budget alone, and the whole prompt in one step.
 
-Usage: python scripts/measure_paged.py [--out benchmarks/paged/paged.json] [--model NAME] [--parts chunked]
+Usage: python benchmarks/paged_2026-12-04/measure_paged.py [--out benchmarks/paged/paged.json] [--model NAME] [--parts chunked]
 """
 import argparse
 import json
@@ -38,7 +38,7 @@ p.add_argument("--model", default="tiny-code")
 p.add_argument("--stall", type=float, default=None, help="prefill_stall of the paced run (default: the engine's)")
 p.add_argument("--parts", default="memory,prefix,chunked", help="which of the three measurements to run")
 a = p.parse_args()
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 texts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")]
 report: dict = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}", "method": a.method}
 

@@ -4,7 +4,7 @@ Each runs as its own process tree; the tree's summed VmRSS (every descendant: co
 included) is sampled every 0.1 s and its peak reported, with the RSS at the end. `serve` is asked
 one chat completion once /health answers, then stopped with SIGTERM.
 
-    python scripts/measure_memory.py --out benchmarks/memory_2026-12-06/memory.json
+    python benchmarks/memory_2026-12-06/measure_memory.py --out benchmarks/memory_2026-12-06/memory.json
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 CHAT = {"role": "user", "content": "What is a Python generator? Answer in two sentences."}
 LLM_CHILD = ("from flashtree import LLM, SamplingParams; llm = LLM(); "

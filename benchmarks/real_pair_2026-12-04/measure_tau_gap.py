@@ -8,7 +8,7 @@ On held-out greedy answers of the real target, three τ per row:
 Walked == engine (per row, when the engine's text equals the answer) means inference loses nothing; the
 positional > walked gap is the averaging, not a loss.
 
-  python scripts/measure_tau_gap.py OUT.json [--rows 16] [--drafter DIR]
+  python benchmarks/real_pair_2026-12-04/measure_tau_gap.py OUT.json [--rows 16] [--drafter DIR]
 """
 import argparse
 import gzip
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HELDOUT = ROOT / "training/smollm2-135m-instruct-drafter/heldout_greedy.jsonl.gz"
 
 

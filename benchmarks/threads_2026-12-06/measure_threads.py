@@ -4,7 +4,7 @@ Each policy runs in its own process (OpenMP reads its wait policy when torch loa
 model decodes the same held-out chats quiet, then with one `python3 -c "while True: pass"` beside
 it, then quiet again; passes alternate policy by policy. Prints and writes one JSON object.
 
-    python scripts/measure_threads.py --out benchmarks/threads_2026-12-06/threads.json \
+    python benchmarks/threads_2026-12-06/measure_threads.py --out benchmarks/threads_2026-12-06/threads.json \
         --policies legacy,default,one --method ar --chats 4 --tokens 96 --repeats 2
 
 Policies (environment of the child): `legacy` = libgomp's defaults and both threads fixed (the

@@ -1,5 +1,5 @@
 """One drafter training step on SmolLM2, fp32 against bf16 autocast, by phase (needs the run's
-work dir runs/smollm2-drafter/work: its data and feature file). Usage: python scripts/measure_drafter_step.py"""
+work dir runs/smollm2-drafter/work: its data and feature file). Usage: python benchmarks/drafter_step_2026-12-04/measure_drafter_step.py"""
 import json
 import time
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M's projections at T rows, op by op: the Q4_1 blocks' kernel, the bf16 kernel, torch's int4 packs.
 
-    python scripts/measure_quant_projections.py 1,8,16      # FLASHTREE_ISA=avx2 for the AVX2 path
+    python benchmarks/vnni_2026-12-06/measure_quant_projections.py 1,8,16      # FLASHTREE_ISA=avx2 for the AVX2 path
 
 Random weights of SmolLM2's shapes (30 layers of qkv 960x576, o 576x576, gate/up 3072x576, down
 576x1536, and the 49152x576 head): `flashtree::qdense` on Q4_1 blocks by eights with a Q8_0 head;

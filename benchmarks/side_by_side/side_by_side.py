@@ -9,9 +9,9 @@ new/old. Configurations are `method` or `method@budget` (a number or auto); the 
 otherwise. Run it on a quiet machine (`../shared/tools/quiet`).
 
 Usage:
-  python scripts/side_by_side.py --old /tmp/oldvenv/bin/python --new .venv/bin/python \
+  python benchmarks/side_by_side/side_by_side.py --old /tmp/oldvenv/bin/python --new .venv/bin/python \
       --configs ar,dflash,ddtree@8,ddtree --new-extra compile=True --out benchmarks/side_by_side
-  python scripts/side_by_side.py --old /tmp/oldvenv/bin/python --configs ar,ddtree@8 \
+  python benchmarks/side_by_side/side_by_side.py --old /tmp/oldvenv/bin/python --configs ar,ddtree@8 \
       --temperature 0.7 --top-p 0.95 --out benchmarks/side_by_side_t07
 """
 import argparse
@@ -71,7 +71,7 @@ def main() -> int:
     p.add_argument("--configs", default="ar,dflash,ddtree")
     p.add_argument("--old-extra", nargs="*", default=[], help="LLM(...) keyword=value for the old checkout")
     p.add_argument("--new-extra", nargs="*", default=[], help="LLM(...) keyword=value for the new checkout")
-    p.add_argument("--prompts", default=str(Path(__file__).resolve().parents[1] / "src/flashtree/data/heldout_prompts.jsonl"))
+    p.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "src/flashtree/data/heldout_prompts.jsonl"))
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--skip", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=96)

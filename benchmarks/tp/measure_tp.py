@@ -7,7 +7,7 @@ plain greedy decoding at C=1 and C=8 (tok/s) and one 512-token prefill (ms), wit
 alternating in the same process (each repeat loads neither anew), eager (TP>1 runs eager).
 Medians of the repeats. Run on a quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_tp.py [--repeats 3] [--out benchmarks/tp/tp.json]
+Usage: python benchmarks/tp/measure_tp.py [--repeats 3] [--out benchmarks/tp/tp.json]
 """
 import argparse
 import json
@@ -27,7 +27,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=3)
 p.add_argument("--out", default=None)
 a = p.parse_args()
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 texts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")][:8]
 
 

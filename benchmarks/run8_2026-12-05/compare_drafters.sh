@@ -3,7 +3,7 @@
 # chats x 128 tokens, 2 repeats a process) with drafter A, then B, twice; each pass's table in
 # OUT/<name>_<rep>, the ratios in OUT/summary.txt. A drafter "" is the bundled one. Run it on a
 # quiet machine.
-# Usage: scripts/compare_drafters.sh OUT NAME_A DRAFT_A NAME_B DRAFT_B
+# Usage: benchmarks/run8_2026-12-05/compare_drafters.sh OUT NAME_A DRAFT_A NAME_B DRAFT_B
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1; names=("$2" "$4"); drafts=("$3" "$5")
@@ -16,4 +16,4 @@ for rep in 1 2; do
     uptime | tee -a "$out/uptime.txt"
   done
 done
-.venv/bin/python scripts/summarize_drafter_compare.py "$out" "${names[@]}"
+.venv/bin/python benchmarks/run8_2026-12-05/summarize_drafter_compare.py "$out" "${names[@]}"

@@ -8,7 +8,7 @@ concurrency) cell within each repeat; tok/s is completion tokens over wall time,
 records the first and a later load time, the CPU (lscpu model and flags) and the load average.
 Run on a quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_real_model.py [--repeats 3] [--code 8] [--general 8] [--max-tokens 128]
+Usage: python benchmarks/real_model_2026-12-03/measure_real_model.py [--repeats 3] [--code 8] [--general 8] [--max-tokens 128]
        [--dtypes float32,bfloat16] [--methods ar,ngram] [--concurrency 1,8] [--out DIR]
 """
 import argparse

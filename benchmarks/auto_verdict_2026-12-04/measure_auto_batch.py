@@ -6,7 +6,7 @@ median tok/s and the ratio to plain decoding, and where a step's time goes: the 
 times per round (`Engine.timings`), so the controller's own cost is read directly. Run on a
 quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_auto_batch.py [--model tiny-code] [--repeats 5] [--out FILE]
+Usage: python benchmarks/auto_verdict_2026-12-04/measure_auto_batch.py [--model tiny-code] [--repeats 5] [--out FILE]
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ p.add_argument("--num-prompts", type=int, default=24)
 p.add_argument("--max-tokens", type=int, default=96)
 p.add_argument("--out", default=None)
 a = p.parse_args()
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 prompts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")][:a.num_prompts]
 llm = LLM(a.model, max_batch_size=8)
 eng = llm.engine

@@ -5,7 +5,7 @@ Per response position the teacher-forced chain τ (`chain_taus`), then walked as
 chain reached it. Rounds open where the previous round's bonus token is, after the drafter's own
 miss, so they meet a first-slot miss more often than positions do.
 
-  python scripts/tau_breakdown.py [--drafter DIR] [--rows 48]
+  python benchmarks/run7_temps_2026-12-05/tau_breakdown.py [--drafter DIR] [--rows 48]
 """
 import argparse
 import gzip
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HELDOUT = ROOT / "training/smollm2-135m-instruct-drafter/heldout_greedy.jsonl.gz"
 
 

@@ -6,7 +6,7 @@ projections, then the LM head (17 products, the target's own weights). Each row 
 --calls chains per form, --repeats rounds alternating the forms, and reports medians. Run on a
 quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_projections.py [--model tiny-code|smollm2-135m-instruct|DIR] [--dtype float32]
+Usage: python benchmarks/real_model_2026-12-03/measure_projections.py [--model tiny-code|smollm2-135m-instruct|DIR] [--dtype float32]
        [--rows 1,2,4,6,9,17,33,64,136,256] [--repeats 5] [--calls 100] [--out FILE.json]
 """
 import argparse

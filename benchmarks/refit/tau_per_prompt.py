@@ -1,7 +1,7 @@
 """Greedy DFlash acceptance per held-out prompt, and a paired comparison of two such runs (issue 15).
 
-  python scripts/tau_per_prompt.py run OUT.json [--drafter DIR]   # all 353 held-out prompts, T=0
-  python scripts/tau_per_prompt.py compare BEFORE.json AFTER.json # tau of each, paired bootstrap CI
+  python benchmarks/refit/tau_per_prompt.py run OUT.json [--drafter DIR]   # all 353 held-out prompts, T=0
+  python benchmarks/refit/tau_per_prompt.py compare BEFORE.json AFTER.json # tau of each, paired bootstrap CI
 
 `run` writes [rounds, accepted tokens] per prompt (dflash, 128 tokens, greedy). It uses only the
 public API, so it also runs against an older checkout of flashtree (PYTHONPATH=OLD/src) — the way

@@ -6,7 +6,7 @@ huggingface-hub<1.22) clash with the project's environment. One way, beside the 
   .venv/bin/pip install --target /tmp/ovpkgs --no-deps openvino==2026.4.1 openvino-genai==2026.4.1.0 \
       openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 optimum==2.3.0 "transformers>=5.5,<5.6" \
       tokenizers==0.22.2 "huggingface-hub>=1.5,<1.22" requests urllib3 charset-normalizer certifi
-  PYTHONPATH=/tmp/ovpkgs .venv/bin/python scripts/check_openvino.py [--drafter DIR] [--prompts 32]
+  PYTHONPATH=/tmp/ovpkgs .venv/bin/python benchmarks/openvino_2026-12-01/check_openvino.py [--drafter DIR] [--prompts 32]
 
 Both engines are lossless at T=0, so their outputs must be the target's greedy continuation; τ is
 tokens committed per target verify round (accepted drafts + the bonus). Exits 1 when OpenVINO's

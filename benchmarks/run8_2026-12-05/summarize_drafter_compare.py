@@ -1,7 +1,7 @@
-"""The summary of scripts/compare_drafters.sh's four interleaved bench passes (OUT/A_1, B_1, A_2,
+"""The summary of benchmarks/run8_2026-12-05/compare_drafters.sh's four interleaved bench passes (OUT/A_1, B_1, A_2,
 B_2): each config's speedup over ar in each pass, the median tok/s ratio A / B over the two pairs,
 and tau; printed and written to OUT/summary.txt.
-Usage: python scripts/summarize_drafter_compare.py OUT NAME_A NAME_B"""
+Usage: python benchmarks/run8_2026-12-05/summarize_drafter_compare.py OUT NAME_A NAME_B"""
 import json
 import statistics
 import sys

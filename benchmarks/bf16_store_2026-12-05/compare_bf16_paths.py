@@ -5,7 +5,7 @@ Choosing per call by row count would be safe only if both gave the same bf16 out
 the same random projections (SmolLM2's shapes, x at scale 1 and 30) in two processes, one per
 path, and prints how many outputs differ. Needs a CPU with amx_bf16.
 
-    .venv/bin/python scripts/compare_bf16_paths.py
+    .venv/bin/python benchmarks/bf16_store_2026-12-05/compare_bf16_paths.py
 """
 import os
 import subprocess

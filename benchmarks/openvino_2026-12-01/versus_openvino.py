@@ -8,10 +8,10 @@ of each engine/config is its own process (so neither engine's thread pool spins 
 prompt at a time, and counts generated tokens over wall time around generate().
 
 Not CI: OpenVINO GenAI and optimum-intel clash with the project's pins; install them beside the
-venv and export the pair as `scripts/check_openvino.py` says, then:
+venv and export the pair as `benchmarks/openvino_2026-12-01/check_openvino.py` says, then:
 
-  PYTHONPATH=/tmp/ovpkgs .venv/bin/python scripts/versus_openvino.py [--prompts 8] [--max-tokens 96]
-      [--repeats 3] [--out benchmarks/versus_openvino.json]
+  PYTHONPATH=/tmp/ovpkgs .venv/bin/python benchmarks/openvino_2026-12-01/versus_openvino.py [--prompts 8] [--max-tokens 96]
+      [--repeats 3] [--out benchmarks/openvino_2026-12-01/versus_openvino.json]
 
 Run it on a quiet machine (`../shared/tools/quiet`).
 """
@@ -73,7 +73,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--work", default="runs/openvino", help="the OpenVINO exports (scripts/check_openvino.py)")
+    p.add_argument("--work", default="runs/openvino", help="the OpenVINO exports (benchmarks/openvino_2026-12-01/check_openvino.py)")
     p.add_argument("--configs", default=",".join(FLASHTREE + OPENVINO))
     p.add_argument("--out", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process: one pass of one config

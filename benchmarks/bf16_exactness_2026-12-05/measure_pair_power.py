@@ -2,7 +2,7 @@
 verify drawing at T x factor, for each factor, against plain sampling — where the check starts to
 catch it. factor 1.0 is the product itself (it must pass).
 
-    python scripts/measure_pair_power.py --dtype bfloat16 --n 1500 --factors 1.0,1.1,1.2,1.3
+    python benchmarks/bf16_exactness_2026-12-05/measure_pair_power.py --dtype bfloat16 --n 1500 --factors 1.0,1.1,1.2,1.3
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ tokens: C=1 runs one prompt at a time, C=8 runs all prompts as one batch. Report
 the ratios to plain decoding, mean tau and, for auto, the mean chosen budget and mean predicted vs
 realised tau. Run on a quiet machine (`../shared/tools/quiet`).
 
-Usage: python scripts/measure_auto.py [--repeats 3] [--out benchmarks/auto.json]
+Usage: python benchmarks/auto_2026-11-30/measure_auto.py [--repeats 3] [--out benchmarks/auto_2026-11-30/auto.json]
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ p.add_argument("--max-tokens", type=int, default=96)
 p.add_argument("--out", default=None)
 p.add_argument("--model", default="tiny-code")
 a = p.parse_args()
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 prompts = [json.loads(line)["prompt"] for line in open(root / "src/flashtree/data/heldout_prompts.jsonl")][:a.num_prompts]
 llm = LLM(a.model, method="ddtree")
 configs = [("ar", None), ("ddtree", 8), ("ddtree", 16), ("ddtree", "auto"), ("hybrid", "auto")]
