@@ -148,11 +148,12 @@ def test_real_pair_comparison_verifies_drafts(tiny_pair):
     drafts were verified (with max_tokens == n_tokens, as before, no draft ever is)."""
     from flashtree import LLM
     llm = LLM(model=tiny_pair[0], draft=tiny_pair[1], device="cpu", max_batch_size=64)
-    rows = compare_with_plain(llm, n=300, prompts=["t5 t6 t7"], n_tokens=2, budget=8)
+    rows = compare_with_plain(llm, n=300, prompts=["t5 t6 t7"], n_tokens=2, budget=8, methods=("dflash", "ddtree"))
     assert [r["method"] for r in rows] == ["dflash", "ddtree"]
     for r in rows:
         assert r["max_tokens"] == 2 + 8 and r["mean_accept_length"] > 1 and r["p_value"] > P_MIN and r["passed"], r
-    old = compare_with_plain(llm, n=300, prompts=["t5 t6 t7"], n_tokens=2, budget=8, max_tokens=2)
+    old = compare_with_plain(llm, n=300, prompts=["t5 t6 t7"], n_tokens=2, budget=8, max_tokens=2,
+                             methods=("dflash", "ddtree"))
     for r in old:
         assert r["mean_accept_length"] == 1.0 and r["p_value"] > P_MIN and not r["passed"], r
 

@@ -70,11 +70,11 @@ def run(args) -> int:
         raise UserError(f"--drafts must be a comma list of model, target; got {args.drafts!r}")
     if args.samples < 100:
         raise UserError("--samples must be >= 100")
-    from ..speculative.proposer import METHODS, needs_drafter, proposer_class
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else [m for m in METHODS if m != "ar"]
-    bad = [m for m in methods if m not in METHODS or m == "ar"]
+    from ..speculative.proposer import drafting_methods, needs_drafter, proposer_class
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else drafting_methods()
+    bad = [m for m in methods if m not in drafting_methods()]
     if bad or not methods:
-        raise UserError(f"--methods: unknown or non-drafting {bad}; choose from {', '.join(METHODS[1:])}")
+        raise UserError(f"--methods: unknown or non-drafting {bad}; choose from {', '.join(drafting_methods())}")
     pair = tiny_pair()
 
     def budget(m):
@@ -119,7 +119,7 @@ def run(args) -> int:
         from ..llm import LLM
         from ..measure.exactness import compare_with_plain
         llm = LLM(model=args.model, draft=args.draft, max_batch_size=64)
-        for row in compare_with_plain(llm, n=args.pair_samples):
+        for row in compare_with_plain(llm, n=args.pair_samples, methods=[m for m in methods if needs_drafter(m)]):
             report["pair"].append(row)
             ok &= row["passed"]
             print(f"  {'PASS' if row['passed'] else 'FAIL'}  pair {row['method']:7s} T={row['temperature']} "

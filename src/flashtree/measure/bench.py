@@ -50,7 +50,7 @@ import torch
 from ..engine.sequence import tau_histogram
 from ..errors import UserError
 from ..sampling_params import SamplingParams
-from ..speculative.proposer import METHODS, needs_drafter, proposer_class
+from ..speculative.proposer import METHODS, PLAIN, needs_drafter, proposer_class
 
 if TYPE_CHECKING:  # peers.py builds on Pass: imported for the annotations only
     from .peers import Peer, PeerRun
@@ -74,7 +74,7 @@ class Config:
     @property
     def baseline(self) -> Config:
         """Plain decoding in the same mode: what this config's speedup and greedy identity refer to."""
-        return Config("ar", compiled=self.compiled)
+        return Config(PLAIN, compiled=self.compiled)
 
 
 @dataclass(slots=True)
@@ -160,10 +160,10 @@ class BenchPlan:
     def configs(self) -> list[Config]:
         """`ar` first (the baseline is always measured), then the requested speculative configs;
         with compile modes, that list once per mode."""
-        out = [Config("ar")]
+        out = [Config(PLAIN)]
         caps = sorted(set(self.topks), key=lambda k: (k is not None, k or 0))
         for m in METHODS:  # registry order
-            if m == "ar" or m not in self.methods:
+            if m == PLAIN or m not in self.methods:
                 continue
             if proposer_class(m).sized_by_budget:  # each budget with each cap that fits it (topk <= budget)
                 budgets = sorted(set(self.budgets), key=lambda b: (b == "auto", nodes(b)))  # auto last
@@ -251,7 +251,7 @@ class ComponentCosts:
 
     def bound(self, cfg: Config, tau: float, block_size: int) -> float | None:
         """None for budget="auto": one fixed tree per round, which the bound assumes, is not what it runs."""
-        if cfg.method == "ar":
+        if cfg.method == PLAIN:
             return 1.0
         n = tree_size(cfg, block_size, self.draft_len)
         if n is None:
@@ -419,7 +419,7 @@ def token_identity(runs: dict[Config, list[Pass]], cfg: Config, check: str = "gr
     ref = runs[cfg.baseline][0].token_ids
     outs = [ids for p in runs[cfg] for ids in p.token_ids]
     same = sum(ids == ref[i % len(ref)] for i, ids in enumerate(outs))
-    return {"check": "reference" if cfg.method == "ar" else check, "passed": same == len(outs),
+    return {"check": "reference" if cfg.method == PLAIN else check, "passed": same == len(outs),
             "identical": same, "outputs": len(outs)}
 
 
@@ -428,7 +428,7 @@ def chi_square_cell(cfg: Config, params: SamplingParams, n: int, patch=None, com
     on the tiny V=8 pair (drafts = the target's own greedy chain, so deep paths are verified) against
     its exactly enumerated distribution; pass = chi-square p > 1e-3, TV within sampling noise, mean
     tau > 1. `ar` is the reference. `patch(engine)` runs on the cell's engine (tests: a wrong verifier)."""
-    if cfg.method == "ar":
+    if cfg.method == PLAIN:
         return {"check": "reference", "passed": True}
     from .exactness import Cell, check_cell
     pair = _tiny_pair()

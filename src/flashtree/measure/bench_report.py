@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.round import PHASES
-from ..speculative.proposer import proposer_class
+from ..speculative.proposer import PLAIN, proposer_class
 from .bench import exact_label
 
 
@@ -181,7 +181,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         ax.legend(fontsize=8)
     paths.append(_save(fig, out / "speedup_vs_budget.png"))
 
-    spec = [c for c in cells if c["concurrency"] == conc0 and c["method"] != "ar"] or \
+    spec = [c for c in cells if c["concurrency"] == conc0 and c["method"] != PLAIN] or \
            [c for c in cells if c["concurrency"] == conc0]
     fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
     for ax, t in zip(axes[0], temps):

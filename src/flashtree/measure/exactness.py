@@ -32,7 +32,7 @@ from ..models.target import TargetModel
 from ..sampling import logits_to_probs
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
-from ..speculative.proposer import proposer_class
+from ..speculative.proposer import PLAIN, drafting_methods, proposer_class
 from ..speculative.tree import DraftOutput
 from ..speculative.verify import verify_tree
 
@@ -155,7 +155,7 @@ def target_drafts(target: TargetModel):
         def draft(batch):
             out = {}
             for s in batch:
-                if s.method == "ar" or s.depth_limit(engine.max_model_len) <= 0:
+                if s.method == PLAIN or s.depth_limit(engine.max_model_len) <= 0:
                     continue
                 ctx, lps, ids = tuple(s.prompt_ids + s.output_ids), [], []
                 for _ in range(s.block_size - 1):
@@ -279,7 +279,7 @@ def check_cell(target, drafter, prompt, cell: Cell, n_tokens: int | None = None,
     cell.tv = total_variation(counts, exact, cell.n)
     cell.tv_limit = reference_tv(exact, cell.n, seed=seed) + TV_MARGIN
     cell.categories = len(exact)
-    cell.drafts_verified = cell.method == "ar" or mean_tau > 1
+    cell.drafts_verified = cell.method == PLAIN or mean_tau > 1
     cell.passed = bool(cell.p_value > P_MIN and cell.tv <= cell.tv_limit and cell.drafts_verified)
     return cell
 
@@ -342,8 +342,12 @@ FILTERS = {"none": dict(), "top_k": dict(top_k=3), "top_p": dict(top_p=0.8), "mi
            "all": dict(top_k=4, top_p=0.9, min_p=0.05)}
 
 
-def grid(temperatures=(0.7, 1.0, 1.5), filters=tuple(FILTERS), methods=(("dflash", None), ("ddtree", 6)),
+def grid(temperatures=(0.7, 1.0, 1.5), filters=tuple(FILTERS), methods=None,
          n: int = 20000, drafts=("model",)) -> list[Cell]:
+    """Cells of every (temperature, filter, (method, budget), drafts); methods None: every drafting
+    method, a budget-sized one at budget 6."""
+    if methods is None:
+        methods = [(m, 6 if proposer_class(m).sized_by_budget else None) for m in drafting_methods()]
     return [Cell(m, b, SamplingParams(temperature=t, **FILTERS[f]), n, d)
             for t, f, (m, b), d in itertools.product(temperatures, filters, methods, drafts)]
 
@@ -404,7 +408,7 @@ def two_sample_tests(plain: Counter, spec: Counter, n_tokens: int, min_count: in
 
 def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens: int = 3,
                        temperatures=(1.0,), budget: int = 16, max_tokens: int | None = None, top_p: float = 1.0,
-                       methods=("dflash", "ddtree"), patch=None, min_count: int = 100) -> list[dict]:
+                       methods=None, patch=None, min_count: int = 100) -> list[dict]:
     """Two-sample chi-square: speculative vs plain (ar) samples of the first n_tokens on a real pair
     (`two_sample_tests`: the joint tuples and each well-populated conditional, Bonferroni).
 
@@ -416,7 +420,8 @@ def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens
     to verify); a speculative row passes only if its Bonferroni p (the least p times the number of
     tests) is above P_MIN and its mean accept length is above 1. `patch(engine)` (a negative
     control) is applied after the plain samples, before the first speculative ones, and stays
-    applied."""
+    applied. `methods` None: every method that reads the drafter."""
+    methods = methods or [m for m in drafting_methods() if proposer_class(m).needs_drafter]
     prompts = prompts or ["def main(", "import os\n"]
     max_tokens = max_tokens if max_tokens is not None else n_tokens + llm.engine.drafter_block_size
     if max_tokens < n_tokens:
@@ -430,7 +435,7 @@ def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens
                                 budget=budget if proposer_class(method).sized_by_budget else None)
             taus = [t for o in outs for t in o.metrics.accept_lengths]
             return Counter(tuple(o.token_ids[:n_tokens]) for o in outs), sum(taus) / max(len(taus), 1)
-        plain, _ = counts("ar", 0)
+        plain, _ = counts(PLAIN, 0)
         if patch is not None:
             patch(llm.engine)
         for method in methods:

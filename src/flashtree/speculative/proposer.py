@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "hybrid": "hybrid:Hybrid",
 }
 METHODS: tuple[str, ...] = tuple(REGISTRY)
+PLAIN = "ar"  # the method that drafts nothing: plain decoding, the reference every other method is compared with
 
 # what each per-request option shapes, for the messages that refuse it
 OPTION_MEANING = {"budget": "the draft tree's size", "topk": "the most children per tree node",
@@ -125,6 +126,11 @@ def proposer_class(method: str) -> type[Proposer]:
 
 def needs_drafter(method: str) -> bool:
     return proposer_class(method).needs_drafter
+
+
+def drafting_methods(has_drafter: bool = True) -> list[str]:
+    """Every method but PLAIN, in registry order; without a drafter, those that need none."""
+    return [m for m in METHODS if m != PLAIN and (has_drafter or not needs_drafter(m))]
 
 
 def takers(option: str) -> list[str]:

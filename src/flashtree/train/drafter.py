@@ -31,6 +31,7 @@ from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.loader import load_drafter, load_target, save_module
 from ..sampling_params import SamplingParams
+from ..speculative.proposer import PLAIN
 from ..tokenizer import Tokenizer
 from .features import FeatureStore
 from .loop import TrainState, warmup_cosine
@@ -101,7 +102,7 @@ def generator(target, batch: int, max_len: int) -> Engine:
     decodes 1.8x the eager engine's tokens a second, eager ops dominating there); its graphs are
     built (or loaded from the cache) now. A fused target (`TargetModel.fuse`) runs the graphs
     serving has compiled."""
-    engine = Engine(target, None, EngineConfig(method="ar", max_batch_size=batch, max_model_len=max_len,
+    engine = Engine(target, None, EngineConfig(method=PLAIN, max_batch_size=batch, max_model_len=max_len,
                                                kv_cache_tokens=batch * max_len, compile="auto"))
     engine.warmup(batched=True)
     return engine
