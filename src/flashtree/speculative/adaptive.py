@@ -165,15 +165,18 @@ def settled(states: list[AutoState], taus: list[int], break_even: float, verifie
     one probe gap, `probes.gap_after` from the largest of theirs, when the round's mean tau beat
     plain decoding or the round was a probe. A losing round of a drafting streak changes no gap."""
     mean_tau = sum(taus) / len(taus)
-    counted = [replace(st, drafted=st.drafted + 1) for st in states]
     # the first drafted round of a sequence that started by drafting judges nothing: acceptance
     # starts low and climbs over the first rounds (T=0: tau 2.5, 2.3, 3.0, 3.5, 4.3 -> 4.0 mean)
-    judged = [i for i, st in enumerate(counted) if st.drafted > 1 or st.started_plain]
-    if not judged or not (beats_plain(mean_tau, break_even, verified) or any(counted[i].probed for i in judged)):
-        return counted
+    judged = [st.drafted > 0 or st.started_plain for st in states]  # this round is not its first
+    sets_gap = any(judged) and (beats_plain(mean_tau, break_even, verified)
+                                or any(st.probed for st, j in zip(states, judged) if j))
+    if not sets_gap:
+        return [replace(st, drafted=st.drafted + 1) for st in states]
     # one gap for the batch, from the one that backed off most (see AdaptiveBudget.settle)
-    gap = gap_after(max(counted[i].probe_gap or probe_every for i in judged), mean_tau, break_even, verified)
-    return [replace(st, probe_gap=gap) if i in judged else st for i, st in enumerate(counted)]
+    gap = gap_after(max(st.probe_gap or probe_every for st, j in zip(states, judged) if j),
+                    mean_tau, break_even, verified)
+    return [replace(st, drafted=st.drafted + 1, probe_gap=gap if j else st.probe_gap)
+            for st, j in zip(states, judged)]
 
 
 def repeat_gains(states: list[AutoState], taus: list[int], break_even: float) -> dict[tuple, float]:
