@@ -20,6 +20,7 @@ import time
 import jsonschema
 
 from flashtree import LLM, SamplingParams, StructuredOutput
+from flashtree.speculative.proposer import proposer_class
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}},
@@ -53,13 +54,15 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out")
+    ap.add_argument("--no-masks-only", action="store_true")
     a = ap.parse_args()
     llms = {"free": LLM("smollm2-135m-instruct", compile=False, max_batch_size=1)}
     llms["schema"] = llms["free"]
-    llms["schema masks-only"] = LLM("smollm2-135m-instruct", compile=False, max_batch_size=1, grammar_drafts=False)
+    if not a.no_masks_only:
+        llms["schema masks-only"] = LLM("smollm2-135m-instruct", compile=False, max_batch_size=1, grammar_drafts=False)
     rows = []
     for method in a.methods.split(","):
-        budget = a.budget if method == "ddtree" else None
+        budget = a.budget if proposer_class(method).sized_by_budget else None
         for prompt, schema in CHATS:
             for arm, llm in llms.items():
                 eng, constrained = llm.engine, arm != "free"
