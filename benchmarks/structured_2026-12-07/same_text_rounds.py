@@ -1,5 +1,6 @@
 """Per-round accept lengths of the free and the schema arm over the tokens their outputs share (ddtree@16, greedy).
 Run from the repository root: python benchmarks/structured_2026-12-07/same_text_rounds.py"""
+import sys
 sys.path.insert(0, "benchmarks/structured_2026-12-06")
 from bench_structured import CHATS
 from flashtree import LLM, SamplingParams, StructuredOutput
