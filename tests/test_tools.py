@@ -19,7 +19,7 @@ import pytest
 
 import flashtree
 from flashtree import LLM
-from flashtree.server.tools import call_schema, read_calls
+from flashtree.server.tools import call_format, call_schema, read_calls
 from serving import openai_client, served
 
 TEMPLATE = (
@@ -27,6 +27,14 @@ TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"
     "{% elif m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", "
     "\"arguments\": {{ c.function.arguments | tojson }}}</tool_call>\n{% endfor %}"
+    "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}")
+LLAMA3_TEMPLATE = (  # the shape of Llama 3.1-3.3's: the instruction, the tools as JSON, calls as bare JSON
+    "{% if tools %}Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name "
+    "and its value}.\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}ipython: {{ m.content }}\n"
+    "{% elif m.tool_calls %}{% for c in m.tool_calls %}{\"name\": \"{{ c.function.name }}\", "
+    "\"parameters\": {{ c.function.arguments | tojson }}}{% endfor %}\n"
     "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}")
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -138,14 +146,59 @@ def test_tool_choices_that_cannot_be_met_are_400s(server, body, match):
     assert r.status_code == 400 and "tool_choice needs tools" in r.json()["error"]["message"]
 
 
-def test_hermes_calls_are_read_back_and_schemas_built():
+def test_calls_are_read_back_in_the_templates_format_and_schemas_built():
     text = 'Let me check.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
-    content, calls = read_calls(text, "auto", hermes=True, finished=True)
+    content, calls = read_calls(text, "auto", "hermes", finished=True)
     assert content == "Let me check." and calls[0]["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
-    assert read_calls(text, "auto", hermes=False, finished=True) == (text, None)
-    assert read_calls('{"zone": "U', "get_time", hermes=False, finished=False) == ('{"zone": "U', None)
+    assert read_calls(text, "auto", None, finished=True) == (text, None)
+    assert read_calls('{"zone": "U', "get_time", None, finished=False) == ('{"zone": "U', None)
+    # Mistral: content, then [TOOL_CALLS] and an array
+    text = 'Sure. [TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "CET"}}, {"name": "get_weather", ' \
+           '"arguments": {"city": "Oslo", "unit": "c"}}]'
+    content, calls = read_calls(text, "auto", "mistral", finished=True)
+    assert content == "Sure." and [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Oslo", "unit": "c"}
+    assert read_calls("[TOOL_CALLS] [{\"name\": 3}]", "auto", "mistral", True) == ("[TOOL_CALLS] [{\"name\": 3}]", None)
+    # Llama 3.x: the reply is the calls (after an optional <|python_tag|>), ;-separated; prose is prose
+    text = '<|python_tag|>{"name": "get_time", "parameters": {"zone": "PST"}}; {"name": "get_time", "parameters": {}}'
+    content, calls = read_calls(text, "auto", "llama3", finished=True)
+    assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [{"zone": "PST"}, {}]
+    prose = 'The call would be {"name": "get_time", "parameters": {"zone": "PST"}}.'
+    assert read_calls(prose, "auto", "llama3", True) == (prose, None)
+    assert read_calls('{"city": "Oslo"}', "auto", "llama3", True) == ('{"city": "Oslo"}', None)
+    assert [call_format(t) for t in (TEMPLATE, LLAMA3_TEMPLATE, "{{ '[TOOL_CALLS]' }}", "{{ m.content }}", None)] \
+        == ["hermes", "llama3", "mistral", None, None]
     schema = call_schema(TOOLS, "required", parallel=True)
     jsonschema.validate([{"name": "get_time", "parameters": {"zone": "CET"}}], schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "get_time", "parameters": {"city": "Oslo", "unit": "c"}}], schema)
     assert call_schema(TOOLS, "required", parallel=False)["maxItems"] == 1 and call_schema(TOOLS, "auto", True) is None
+
+
+def test_auto_reads_back_a_llama3_style_call_through_the_client(tmp_path):
+    """A Llama-3-style template: an "auto" reply that is a {"name", "parameters"} object comes back
+    as `tool_calls` (the reply is held to one such object by a response_format here, since the tiny
+    model would not write one of its own); a free reply stays content."""
+    bundled = Path(flashtree.__file__).parent / "bundled"
+    target = tmp_path / "target"
+    shutil.copytree(bundled / "target", target)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": LLAMA3_TEMPLATE}))
+    call = {"type": "object", "properties": {"name": {"const": "get_time"}, "parameters": TIME},
+            "required": ["name", "parameters"], "additionalProperties": False}
+    r = served(LLM(model=str(target), draft=str(bundled / "drafter"), dtype="float32", compile=False,
+                   method="ddtree", max_batch_size=2))
+    try:
+        client = openai_client(r)
+        reply = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64,
+            response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": call, "strict": True}})
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (made,) = choice.message.tool_calls
+        assert made.function.name == "get_time"
+        jsonschema.validate(json.loads(made.function.arguments), TIME)
+        free = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, temperature=0, max_tokens=8)
+        assert free.choices[0].message.tool_calls is None and isinstance(free.choices[0].message.content, str)
+    finally:
+        r.stop()

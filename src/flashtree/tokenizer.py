@@ -121,11 +121,6 @@ class Tokenizer:
                 self._renders_tools = False
         return self._renders_tools
 
-    @property
-    def hermes_tool_calls(self) -> bool:
-        """The template writes tool calls as <tool_call>{...}</tool_call> (the Hermes format)."""
-        return bool(self.chat_template) and "<tool_call>" in self.chat_template
-
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
         if not self.chat_template:

@@ -60,7 +60,7 @@ from .protocol import (
     parse_request,
 )
 from .replies import Format, usage
-from .tools import read_calls
+from .tools import call_format, read_calls
 
 log = logging.getLogger("flashtree.server")
 
@@ -291,9 +291,9 @@ class OpenAIServer:
             prompts, param = await self.completion_prompts(req), "prompt"
         sub = self.submission(req, prompts, param)
         mode = req.tool_mode() if kind == "chat" else None
-        hermes = self.tokenizer.hermes_tool_calls  # (a reply whose calls are not read back streams as text)
-        calls = None if mode in (None, "none") or (mode == "auto" and not hermes) else \
-            (lambda text, done: read_calls(text, mode, hermes, done))
+        calls_as = call_format(self.tokenizer.chat_template)  # (a reply whose calls are not read back streams as text)
+        calls = None if mode in (None, "none") or (mode == "auto" and calls_as is None) else \
+            (lambda text, done: read_calls(text, mode, calls_as, done))
         fmt = Format(kind, self.model_name, lambda t: self.tokenizer.decode([t]), calls,
                       sub.prompts if getattr(req, "echo", None) else None, self.tokenizer.decode)
         channel = await self.submit(sub, req.field_of)
