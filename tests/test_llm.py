@@ -132,3 +132,15 @@ def test_the_default_method_is_hybrid_with_a_drafter_and_ngram_without(tiny_pair
     plain = with_drafter.generate(prompt, greedy, method="ar")[0].token_ids
     assert with_drafter.generate(prompt, greedy)[0].token_ids == plain
     assert without.generate(prompt, greedy)[0].token_ids == plain
+
+
+def test_loading_a_model_imports_no_compiler_stack():
+    """Building the model on the meta device and loading it leaves torch's compiler stack alone:
+    `normal_` and `arange` on meta ran through torch's reference ops, which import dynamo and
+    triton (~1 s at start, ~65 MB resident; with the C++ package loader for compiled graphs, an
+    AVX2 `LLM()` peaked at 757 MB before, 527 after: benchmarks/memory_2026-12-07)."""
+    code = ("import sys; from flashtree import LLM; LLM('tiny-code', compile=False); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

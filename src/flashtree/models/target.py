@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from .layers import (
     MLP,
     Attention,
+    Embedding,
     Linear,
     Paged,
     RMSNorm,
@@ -59,7 +60,7 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = Rotary(cfg)
