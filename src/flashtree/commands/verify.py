@@ -71,10 +71,11 @@ def run(args) -> int:
     if args.samples < 100:
         raise UserError("--samples must be >= 100")
     from ..speculative.proposer import drafting_methods, needs_drafter, proposer_class
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else drafting_methods()
-    bad = [m for m in methods if m not in drafting_methods()]
+    drafting = drafting_methods()
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else drafting
+    bad = [m for m in methods if m not in drafting]
     if bad or not methods:
-        raise UserError(f"--methods: unknown or non-drafting {bad}; choose from {', '.join(drafting_methods())}")
+        raise UserError(f"--methods: unknown or non-drafting {bad}; choose from {', '.join(drafting)}")
     pair = tiny_pair()
 
     def budget(m):

@@ -197,8 +197,9 @@ class AOTGraphs:
         if missing:
             raise RuntimeError(f"{path} wants constants the model does not have ({', '.join(missing[:3])}); "
                                f"delete {cache_dir()} and load again")
-        run.load_constants({f: self.weights[f] for f in wanted}, False, True, True)  # (use_inactive,
-        return _Runner(run)                                       # check_full_update, user_managed)
+        # the binding's arguments are positional: use_inactive=False, check_full_update=True, user_managed=True
+        run.load_constants({f: self.weights[f] for f in wanted}, False, True, True)
+        return _Runner(run)
 
     def _compile(self, bucket: frozenset, args, path: Path) -> None:
         from torch.export import Dim

@@ -32,7 +32,7 @@ from ..models.target import TargetModel
 from ..sampling import logits_to_probs
 from ..sampling_params import SamplingParams
 from ..speculative.costs import CostTable
-from ..speculative.proposer import PLAIN, drafting_methods, proposer_class
+from ..speculative.proposer import PLAIN, drafting_methods, needs_drafter, proposer_class
 from ..speculative.tree import DraftOutput
 from ..speculative.verify import verify_tree
 
@@ -421,7 +421,7 @@ def compare_with_plain(llm, n: int = 3000, prompts: list | None = None, n_tokens
     tests) is above P_MIN and its mean accept length is above 1. `patch(engine)` (a negative
     control) is applied after the plain samples, before the first speculative ones, and stays
     applied. `methods` None: every method that reads the drafter."""
-    methods = methods or [m for m in drafting_methods() if proposer_class(m).needs_drafter]
+    methods = methods or [m for m in drafting_methods() if needs_drafter(m)]
     prompts = prompts or ["def main(", "import os\n"]
     max_tokens = max_tokens if max_tokens is not None else n_tokens + llm.engine.drafter_block_size
     if max_tokens < n_tokens:
