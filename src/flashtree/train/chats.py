@@ -19,6 +19,7 @@ from pathlib import Path
 from .corpus import package_files, packages_root, read_source, stdlib_files, stdlib_root
 
 HELDOUT_CHATS = Path(__file__).resolve().parent.parent / "data" / "heldout_chats.jsonl"
+HELDOUT_USER_CHATS = HELDOUT_CHATS.parent / "heldout_user_chats.jsonl"  # user_chats.py: where users are
 MAX_CODE_CHARS = 1200  # ~300 tokens: a quoted function stays a small part of the context
 
 

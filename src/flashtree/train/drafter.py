@@ -116,22 +116,41 @@ def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: P
     if done >= recipe.num_sequences:
         return
     prompts = chat_prompts("train", seed=recipe.seed, at_least=recipe.num_sequences)
-    rng = random.Random(recipe.seed)
-    plan = []  # (messages, temperature, seed) for every sequence, fixed by the seed: resume-safe
-    for i in range(recipe.num_sequences):
-        u = rng.random()
-        temp = 0.0 if u >= recipe.sampled_fraction else CHAT_TEMPERATURES[int(u < recipe.sampled_fraction / 2)]
-        plan.append((prompts[i % len(prompts)]["messages"], temp, rng.getrandbits(31)))
+    plan = sampling_plan([prompts[i % len(prompts)]["messages"] for i in range(recipe.num_sequences)],
+                         recipe.sampled_fraction, random.Random(recipe.seed))
     max_len = recipe.prompt_tokens[1] * 4 + recipe.response_tokens  # quoted code: prompts up to ~500 tokens
+    write_answers(target, tokenizer, plan, out, recipe.response_tokens, max_len)
+
+
+def sampling_plan(conversations: list[list[dict]], sampled_fraction: float, rng: random.Random
+                  ) -> list[tuple[list[dict], float, int]]:
+    """(messages, temperature, seed) for each conversation, fixed by `rng` (so a resumed run draws the
+    same): greedy, or a `sampled_fraction` share split evenly over `CHAT_TEMPERATURES`."""
+    plan = []
+    for messages in conversations:
+        u = rng.random()
+        temp = 0.0 if u >= sampled_fraction else CHAT_TEMPERATURES[int(u < sampled_fraction / 2)]
+        plan.append((messages, temp, rng.getrandbits(31)))
+    return plan
+
+
+def write_answers(target, tokenizer: Tokenizer, plan: list[tuple[list[dict], float, int]], out: Path,
+                  response_tokens: int, max_len: int) -> None:
+    """Append to `out` (JSONL of {ids, prompt_len, temperature}) the target's answers to the rows of
+    `plan` not yet written (resumable), 64 at a time, each prompt cut to its last
+    `max_len - response_tokens` tokens; top-p 0.95 where sampled."""
+    done = sum(1 for _ in out.open()) if out.is_file() else 0
+    if done >= len(plan):
+        return
     engine = generator(target, 16, max_len + 16)
-    bar = tqdm(total=recipe.num_sequences, initial=done, desc="regenerate", dynamic_ncols=True)
+    bar = tqdm(total=len(plan), initial=done, desc="regenerate", dynamic_ncols=True)
     with out.open("a") as f:
-        while done < recipe.num_sequences:
+        while done < len(plan):
             chunk = []
             for messages, temp, seed in plan[done:done + 64]:
-                ids = tokenizer.encode_chat(messages)[-max_len + recipe.response_tokens:]
+                ids = tokenizer.encode_chat(messages)[-max_len + response_tokens:]
                 params = SamplingParams(temperature=temp, top_p=0.95 if temp else 1.0,
-                                        max_tokens=recipe.response_tokens, seed=seed)
+                                        max_tokens=response_tokens, seed=seed)
                 chunk.append((ids, temp, engine.add_request(ids, params)))
             while engine.has_work():
                 engine.step()
@@ -143,7 +162,7 @@ def regenerate_chats(target, tokenizer: Tokenizer, recipe: DrafterRecipe, out: P
     bar.close()
 
 
-def _answers(target, tokenizer: Tokenizer, conversations: list[list[dict]], max_tokens: int) -> list[dict]:
+def greedy_answers(target, tokenizer: Tokenizer, conversations: list[list[dict]], max_tokens: int) -> list[dict]:
     """The target's greedy answers: [{ids, prompt_len}] (prompt = the chat template's ids)."""
     engine = generator(target, 16, 2048)
     seqs = [(ids, engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens)))
@@ -432,16 +451,19 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
         else:
             regenerate(target, tokenizer, corpus, recipe, data_path)
     rows = usable([json.loads(line) for line in data_path.open()][: recipe.num_sequences], recipe.block_size)
-    heldout = []
-    if chat:  # the held-out τ curve: greedy answers to held-out chats, made once
-        held_path = work / "heldout_greedy.jsonl"
-        if not held_path.is_file():
-            from .chats import load_heldout
-            with torch.inference_mode():
-                held_rows = _answers(target, tokenizer, [r["messages"] for r in load_heldout()[:48]],
-                                     recipe.response_tokens)
-            held_path.write_text("".join(json.dumps(r) + "\n" for r in held_rows))
-        heldout = usable([json.loads(line) for line in held_path.open()], recipe.block_size)
+    heldout: dict[str, list[dict]] = {}
+    if chat:  # the held-out τ curves: greedy answers to the held-out chats and the user-like ones, made once
+        from .chats import HELDOUT_CHATS, HELDOUT_USER_CHATS, load_heldout
+        for name, chats, cache in (("heldout", HELDOUT_CHATS, "heldout_greedy.jsonl"),
+                                   ("user", HELDOUT_USER_CHATS, "heldout_user_greedy.jsonl")):
+            held_path = work / cache
+            if not held_path.is_file() and chats.is_file():
+                with torch.inference_mode():
+                    held_rows = greedy_answers(target, tokenizer, [r["messages"] for r in load_heldout(chats)[:48]],
+                                               recipe.response_tokens)
+                held_path.write_text("".join(json.dumps(r) + "\n" for r in held_rows))
+            if held_path.is_file():
+                heldout[name] = usable([json.loads(line) for line in held_path.open()], recipe.block_size)
     if init_from is not None and state.step == 0:
         init_from_drafter(drafter, load_drafter(init_from, target), target, rows[:64])
 
@@ -492,7 +514,8 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             state.save()
             save_module(drafter, cfg_dict, out)  # a usable drafter at every checkpoint
         if state.step % 20 == 0 or checkpoint:
-            tau = heldout_tau(drafter, target, heldout, B, mask_id) if checkpoint and heldout else {}
+            tau = {f"{name}{key.removeprefix('heldout')}": v for name, rows_ in heldout.items() if checkpoint
+                   for key, v in heldout_tau(drafter, target, rows_, B, mask_id).items()}
             state.log(loss=loss.item(), slot1_acc=acc, **tau)
         if max_minutes and state.minutes_this_run() > max_minutes:
             break
