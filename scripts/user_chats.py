@@ -5,7 +5,8 @@
     python scripts/user_chats.py tau [--drafter DIR] [--chats FILE ...] [--json OUT]
 
 `heldout` runs the target greedily for the second turns' first answers (up to 256 tokens) and writes
-48 chats: 8 other-language code, 8 held-out packages' Python, 16 everyday questions, 16 second turns.
+48 chats: 8 other-language code, 8 held-out packages' Python, 16 everyday questions, 16 second turns,
+interleaved so that the first 16 (the bench's `--prompts user --num-prompts 16`) hold each part.
 `extend` appends to OUT (the trainer's regenerated.jsonl format; resumable) the target's answers to
 the training half: every other-language code request and everyday question, then `--second-turns`
 follow-ups after answers in `--from` (its stdlib rows, whose requests `chats.chat_prompts` rebuilds);
@@ -53,7 +54,8 @@ def heldout(args) -> None:
                 "messages": user_chats.second_turn(r["messages"], tok.decode(a["ids"][a["prompt_len"]:]).strip(),
                                                    follow[i % len(follow)])}
                for i, (r, a) in enumerate(zip(firsts, answers))]
-    rows = single + seconds
+    parts = [single[:8], single[8:16], single[16:], seconds]  # other code, held-out packages, everyday, second turns
+    rows = [part[i] for i in range(max(map(len, parts))) for part in parts if i < len(part)]  # any prefix mixes them
     USER_CHATS.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} chats to {USER_CHATS}")
 

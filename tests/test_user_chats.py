@@ -18,6 +18,8 @@ def test_the_held_out_user_set_holds_each_part_and_no_training_request():
     kinds = [r["kind"] for r in rows]
     assert len(rows) == 48
     assert kinds.count("code-other") == 8 and kinds.count("code-python") == 8 and kinds.count("everyday") == 16
+    parts = ["second" if k.startswith("second-") else k for k in kinds]
+    assert all(parts[:16].count(p) == 4 for p in ("code-other", "code-python", "everyday", "second"))  # any prefix mixes
     seconds = [r for r in rows if r["kind"].startswith("second-")]
     assert len(seconds) == 16
     for r in seconds:  # first turn, the target's answer, then a held-out follow-up

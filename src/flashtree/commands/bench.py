@@ -65,7 +65,8 @@ def add_arguments(p) -> None:
     p.set_defaults(method=None, temperature=None)
     p.add_argument("--prompts", default=None, help="JSONL with a 'prompt' (text) or 'messages' (a chat: the "
                    "chat template applied) field per line (default: the bundled held-out stdlib prompts; "
-                   "'chats': the bundled held-out chat requests)")
+                   "'chats': the bundled held-out chat requests; 'user': the user-like held-out chats, other languages' code, "
+                   "everyday questions and second turns)")
     p.add_argument("--num-prompts", type=int, default=8, help="use the first N prompts (default 8)")
     p.add_argument("--methods", type=_list(str), default=None,
                    help=f"comma list of {','.join(METHODS)} (default: all; ar is always run as the baseline)")
@@ -180,9 +181,9 @@ def run(args, patch=None) -> int:
     base = replace(sampling_params(args), ignore_eos=args.ignore_eos)  # validated before loading
     if args.num_prompts < 1:
         raise UserError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    if args.prompts == "chats":
-        from ..train.chats import HELDOUT_CHATS
-        args.prompts = str(HELDOUT_CHATS)
+    if args.prompts in ("chats", "user"):
+        from ..train.chats import HELDOUT_CHATS, HELDOUT_USER_CHATS
+        args.prompts = str(HELDOUT_CHATS if args.prompts == "chats" else HELDOUT_USER_CHATS)
     if args.prompts is not None and not Path(args.prompts).is_file():
         raise UserError(f"{args.prompts}: prompt file not found (JSONL with a 'prompt' field per line)")
     prompts = load_prompts(args.prompts)[:args.num_prompts]
