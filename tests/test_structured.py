@@ -289,3 +289,21 @@ def test_a_forced_string_is_drafted_as_a_chain_below_the_root():
     # c followed; "ab" right after it; the drafted a keeps its place below c and gets its forced b
     assert (grown.tokens, grown.parents, grown.depths) == ([5, 3, 2, 0, 1], [-1, 0, 1, 1, 3], [0, 1, 2, 2, 3])
     assert force(DraftTree([5], [-1], [0], [0.0]), vocab.start(so), rows=8, depth=1).tokens == [5, 3]
+
+
+def test_a_string_forced_after_a_likely_leaf_is_drafted_below_it():
+    """After a first "c" or "d" the regex forces "ab": nothing is forced at the root, so the string
+    goes in below the likeliest leaves (each leaf's own path walked and undone), ahead of later nodes."""
+    vocab = Grammars.from_vocab(["a", "b", "ab", "c", "d", "<m>"], [])
+    so = StructuredOutput(regex="(c|d)ab(c|d)+")
+    state = vocab.start(so)
+    assert state.jump_forward() == [] and state.jump_forward_after([4]) == [2]
+    assert state.jump_forward_after([0]) == []  # a path the grammar forbids: nothing
+    mask = state.mask().copy()
+    #                root  c     d
+    drafted = DraftTree([5, 3, 4], [-1, 0, 0], [0, 1, 1], [0.0, -0.1, -0.5])
+    grown = force(drafted, state, rows=8, depth=4)
+    assert (grown.tokens, grown.parents, grown.depths) == ([5, 3, 2, 4, 2], [-1, 0, 1, 0, 3], [0, 1, 2, 1, 2])
+    assert force(drafted, state, rows=4, depth=4).size == 4  # within `rows`: the likelier leaf's string only
+    assert force(drafted, state, rows=4, depth=4).tokens == [5, 3, 2, 4]
+    assert np.array_equal(state.mask(), mask) and state.jump_forward() == []  # the state is where it was

@@ -127,6 +127,19 @@ class GrammarState:
         tokenization of it; empty when the next character is free)."""
         return list(self.matcher.find_jump_forward_tokens())
 
+    def jump_forward_after(self, path: list[int]) -> list[int]:
+        """`jump_forward` after the tokens `path` (a draft tree node's, not committed: the state is
+        left as it was); empty where the grammar forbids the path."""
+        taken = 0
+        for t in path:
+            if not self.matcher.accept_token(int(t)):
+                break
+            taken += 1
+        out = list(self.matcher.find_jump_forward_tokens()) if taken == len(path) else []
+        if taken:
+            self.matcher.rollback(taken)
+        return out
+
     def mask(self) -> np.ndarray:
         """[1, W] the tokens allowed next."""
         out = torch.zeros(1, words(self.vocab_size), dtype=torch.int32)

@@ -7,10 +7,10 @@ accepted: `prune` drops it and its subtree, and a size cut after it (budget auto
 can be accepted. Where the grammar allows exactly one token after a node, the masked draw there is
 that token with probability one: `force` adds it as the node's child (right after it, ahead of the
 drafted nodes a size cut drops first), accepted whenever its parent is, without the drafter
-proposing it. Where the grammar forces a string after the root (a JSON key, say) that several
-token sequences could spell, `force` drafts its longest-match tokens as a chain below the root
-(merged with drafted nodes that match): a draft like any other, verified as usual, that costs no
-drafter work. All of it depends only on the grammar, never on the draws, so verification stays
+proposing it. Where the grammar forces a string (a JSON key, say) that several token sequences
+could spell, after the root or after one of the tree's likeliest leaves, `force` drafts its
+longest-match tokens as a chain below that node (merged with drafted nodes that match): a draft
+like any other, verified as usual, that costs no drafter work. All of it depends only on the grammar, never on the draws, so verification stays
 exact.
 Nothing here samples or runs a model.
 """
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # method's `tree`); pruning then keeps its best `budget` nodes the grammar allows: the rows a
 # forbidden node would have taken go to the next best drafts instead of to nothing.
 OVERDRAFT = 2
+# The forced string after a leaf is looked up for this many of the tree's leaves, likeliest path
+# first (each costs the grammar a walk down the leaf's path and back).
+LEAF_JUMPS = 2
 
 
 def prune_all(seqs: list[Sequence], trees: list[DraftTree], pruning: bool = True) -> list[DraftTree]:
@@ -75,14 +78,48 @@ def _kept(tree: DraftTree, pruned: DraftTree) -> list[int]:
 
 def force(tree: DraftTree, state: GrammarState, rows: int, depth: int) -> DraftTree:
     """`tree` pruned, with each token the grammar forces added below its node, in at most `rows`
-    nodes and to depth `depth`. Each pass adds one level of forced tokens; the passes stop when
-    one changes nothing. First the string the grammar forces after the root goes in as a chain."""
-    tree = _graft(tree, state.jump_forward()[:depth])
+    nodes and to depth `depth`. First the string the grammar forces after the root goes in as a
+    chain, then the forced tokens level by level (`_settle`), then the strings forced after the
+    LEAF_JUMPS likeliest leaves, and the forced tokens below those."""
+    tree = _settle(_graft(tree, 0, state.jump_forward()[:depth]), state, rows, depth)
+    grafted = False
+    leaves = _likeliest_leaves(tree, LEAF_JUMPS)
+    for n, leaf in enumerate(leaves):
+        room = min(depth - tree.depths[leaf], rows - tree.size)
+        chain = state.jump_forward_after(_path(tree, leaf))[:room] if room > 0 else []
+        if chain:  # in right after the leaf (it has no children): the nodes after it move down
+            tree, grafted = _graft(tree, leaf, chain), True
+            leaves[n + 1:] = [j + len(chain) if j > leaf else j for j in leaves[n + 1:]]
+    return _settle(tree, state, rows, depth) if grafted else tree
+
+
+def _settle(tree: DraftTree, state: GrammarState, rows: int, depth: int) -> DraftTree:
+    """`tree` pruned and grown by `_pass` until a pass changes nothing (a pass adds one level of
+    forced tokens)."""
     while True:
         new = _pass(tree, state.tree_masks(tree.tokens, tree.parents), state.vocab_size, rows, depth)
         if new is None:
             return tree
         tree = new
+
+
+def _path(tree: DraftTree, node: int) -> list[int]:
+    """The tokens from below the root down to `node`."""
+    out = []
+    while node > 0:
+        out.append(tree.tokens[node])
+        node = tree.parents[node]
+    return out[::-1]
+
+
+def _likeliest_leaves(tree: DraftTree, k: int) -> list[int]:
+    """The `k` leaves (nodes without children, the root excluded) of highest path log-probability."""
+    has_child = set(tree.parents[1:])
+    path_lp = [0.0] * tree.size
+    for i in range(1, tree.size):
+        path_lp[i] = path_lp[tree.parents[i]] + tree.logprobs[i]
+    leaves = [i for i in range(1, tree.size) if i not in has_child]
+    return sorted(leaves, key=lambda i: (-path_lp[i], i))[:k]
 
 
 def _pass(tree: DraftTree, masks, vocab: int, rows: int, depth: int) -> DraftTree | None:
@@ -108,11 +145,11 @@ def _pass(tree: DraftTree, masks, vocab: int, rows: int, depth: int) -> DraftTre
     return None if (out.tokens, out.parents) == (tree.tokens, tree.parents) else out
 
 
-def _graft(tree: DraftTree, chain: list[int]) -> DraftTree:
-    """`tree` with the token `chain` below its root: drafted nodes that carry it are followed, the
+def _graft(tree: DraftTree, start: int, chain: list[int]) -> DraftTree:
+    """`tree` with the token `chain` below node `start`: drafted nodes that carry it are followed, the
     rest is added as a chain right after the deepest of them (later nodes move down)."""
     children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if i}
-    node, i = 0, 0
+    node, i = start, 0
     while i < len(chain) and (node, chain[i]) in children:
         node, i = children[node, chain[i]], i + 1
     k = len(chain) - i
