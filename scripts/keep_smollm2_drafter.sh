@@ -11,9 +11,10 @@ WORK=${WORK:-runs/smollm2-drafter}
 KEPT=training/smollm2-135m-instruct-drafter
 mkdir -p "$KEPT"
 for f in regenerated.jsonl heldout_greedy.jsonl; do
-  [ -f "$WORK/work/$f" ] && gzip -9 -n -c "$WORK/work/$f" > "$KEPT/$f.gz"
+  # (KEEP_DATA=0: a run on a selection of the kept rows, whose data is already kept)
+  [ -f "$WORK/work/$f" ] && [ "${KEEP_DATA:-1}" = 1 ] && gzip -9 -n -c "$WORK/work/$f" > "$KEPT/$f.gz"
 done
-[ -f "$WORK/work/drafter_log.jsonl" ] && cp "$WORK/work/drafter_log.jsonl" "$KEPT/"
+[ -f "$WORK/work/drafter_log.jsonl" ] && cp "$WORK/work/drafter_log.jsonl" "$KEPT/${LOG_NAME:-drafter_log.jsonl}"
 if [ -f "$WORK/out/model.safetensors" ]; then
   mkdir -p "$KEPT/drafter" && cp "$WORK/out/config.json" "$WORK/out/model.safetensors" "$KEPT/drafter/"
   [ -f "$WORK/out/training_report.json" ] && cp "$WORK/out/training_report.json" "$KEPT/drafter/"
@@ -36,6 +37,8 @@ save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
 cfg = json.loads((src / "config.json").read_text())
 (dst / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
 PY
-  .venv/bin/python scripts/build_draft_vocab.py "$BUNDLE" --size "${DRAFT_VOCAB:-15626}" --data "$KEPT/regenerated.jsonl.gz"
+  data=("$KEPT/regenerated.jsonl.gz")
+  [ -f "$KEPT/user_rows.jsonl.gz" ] && data+=("$KEPT/user_rows.jsonl.gz")  # the user-like rows (run 9u on)
+  .venv/bin/python scripts/build_draft_vocab.py "$BUNDLE" --size "${DRAFT_VOCAB:-15626}" --data "${data[@]}"
   ls -la "$BUNDLE"
 fi
