@@ -20,13 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
+from flashtree import LLM, cpu  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
+
+# isort: split
 import numpy as np
 import torch
-
-from flashtree import (  # first: it settles the instruction path before torch loads (FLASHTREE_ISA)
-    LLM,
-    cpu,
-)
 
 p = argparse.ArgumentParser()
 p.add_argument("--context", type=int, default=250)

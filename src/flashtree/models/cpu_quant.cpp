@@ -100,9 +100,13 @@ inline __m256i unpack_q4(const uint8_t* p) {
 // weight rows are one contiguous stream (its later rows included), which the hardware
 // prefetcher alone read at about half the bandwidth a bf16 step reaches (SmolLM2's Q4_1
 // projections at one row from memory: 7.9 ms without, 5.5 ms at 1 KB / 256 B, 5.7 ms at 2 KB /
-// 512 B, 6.1-6.8 ms at 512 / 128 B on the Xeon of benchmarks/quant_2026-12-06).
-constexpr int64_t kAheadQ = 1024;
-constexpr int64_t kAheadS = 256;
+// 512 B, 6.1-6.8 ms at 512 / 128 B on the Xeon of benchmarks/quant_2026-12-06). Rows of 2,048
+// weights and more (1 KB of q4 quants a row) want the longer distance: Qwen3-1.7B-shaped Q4_0
+// projections (28 layers, 793 MB) at one row took 62.7 ms at 1 KB / 256 B, 49.5 at 2 KB / 512 B
+// and 50.0 at 4 KB / 1 KB on the AVX2 path (52.7 -> 46.2 ms with vpdpbusd), SmolLM2's the same
+// at both (benchmarks/prefetch_2026-12-07).
+constexpr int64_t kAheadQ = 2048;
+constexpr int64_t kAheadS = 512;
 
 // Eight float16 scales (bits) as float32.
 inline __m256 halves8(const uint16_t* p) {
