@@ -224,18 +224,49 @@ def test_the_kv_pool_commits_memory_only_where_rows_are_written():
     assert float(pool[:, 1000:1100].abs().sum()) == 0.0 and float(pool[:, :1000].sum()) == 30 * 1000 * 192
 
 
-def test_quant_auto_keeps_blocks_below_amx_and_bf16_tiles_on_it(monkeypatch):
-    """The measured rule (loader.auto_quant): blocks on every kernel path but amx, where bf16
-    tiles verify trees cheaper; FLASHTREE_QUANT overrides, a wrong value is refused."""
+def test_quant_auto_keeps_blocks_but_for_a_cached_bf16_model_on_amx(monkeypatch):
+    """The measured rule (loader.auto_quant): blocks on every kernel path; on amx, bf16 for a
+    model whose bf16 projections fit the last-level cache, where its tiles verify trees cheaper;
+    FLASHTREE_QUANT overrides, a wrong value is refused."""
     from flashtree.models import loader
     if not cpu_dense.available():
         pytest.skip("no CPU kernel: quant auto is float everywhere")
     monkeypatch.delenv("FLASHTREE_QUANT", raising=False)
-    q, why = loader.auto_quant(torch.device("cpu"))
-    assert (q is None) == cpu.at_least("amx") and why
+    cache = cpu.last_level_cache_bytes()
+    small, large = (cache // 2, 2 * cache) if cache else (None, None)
+    q, why = loader.auto_quant(torch.device("cpu"))  # no model: blocks, and the rule in words
+    assert q == "blocks" and why
+    assert loader.auto_quant(torch.device("cpu"), large)[0] == "blocks"
+    assert (loader.auto_quant(torch.device("cpu"), small)[0] is None) == (cpu.at_least("amx") and cache is not None)
+    assert loader.bf16_fits_cache(270_000_000, 480 << 20) and not loader.bf16_fits_cache(3_400_000_000, 480 << 20)
+    assert not loader.bf16_fits_cache(None, 480 << 20) and not loader.bf16_fits_cache(1, None)
     monkeypatch.setenv("FLASHTREE_QUANT", "q8_0")
     assert loader.resolve_quant("auto", torch.device("cpu")) == "q8_0"
     assert loader.resolve_quant("none", torch.device("cpu")) is None  # an explicit choice wins
     monkeypatch.setenv("FLASHTREE_QUANT", "q3")
     with pytest.raises(Exception, match="FLASHTREE_QUANT='q3' is not supported"):
         loader.resolve_quant("auto", torch.device("cpu"))
+
+
+def test_cache_sizes_read_as_sysfs_writes_them():
+    assert cpu.cache_size("491520K\n") == 480 << 20
+    assert cpu.cache_size("32M") == 32 << 20 and cpu.cache_size("512") == 512
+    assert cpu.cache_size("") is None and cpu.cache_size("big") is None
+    size = cpu.last_level_cache_bytes()
+    assert size is None or size >= 1 << 20
+
+
+def test_a_step_reads_a_tied_head_once_and_no_embedding():
+    from flashtree.config import ModelConfig
+    from flashtree.models import loader
+    from flashtree.models.target import TargetModel
+    def model(tied):
+        cfg = ModelConfig(model_type="llama", vocab_size=100, hidden_size=8, intermediate_size=16,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          tie_word_embeddings=tied)
+        with torch.device("meta"):
+            return TargetModel(cfg)
+    tied, untied = model(True), model(False)
+    every = sum(p.numel() for p in tied.parameters())  # the tied matrix once
+    assert loader.projection_bytes(tied, 2) == 2 * every  # counted as the head
+    assert loader.projection_bytes(untied, 1) == sum(p.numel() for p in untied.parameters()) - 100 * 8

@@ -99,6 +99,30 @@ def bf16_native() -> str | None:
     return "amx_bf16" if at_least("amx") else "avx512_bf16" if at_least("avx512_bf16") else None
 
 
+def cache_size(text: str) -> int | None:
+    """Bytes of a sysfs cache size ("491520K", "32M", "512"), or None where it is not one."""
+    text = text.strip()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+@functools.cache
+def last_level_cache_bytes() -> int | None:
+    """The size of the highest-level cache the first CPU sees (Linux sysfs), or None where the
+    system does not say."""
+    best = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if size is not None and (best is None or level > best[0]):
+            best = (level, size)
+    return best[1] if best else None
+
+
 def cores() -> int:
     """The cores this process may run on (its affinity mask, else the machine's count)."""
     try:

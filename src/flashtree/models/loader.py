@@ -140,13 +140,24 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
         raise ConfigError(f"{path}: weight(s) missing from the safetensors files: {shown}")
 
 
-def auto_quant(device: torch.device) -> tuple[str | None, str]:
+def bf16_fits_cache(bf16_bytes: int | None, cache_bytes: int | None) -> bool:
+    """Whether a model's projections in bf16 stay in the last-level cache. Where they do, a step
+    reads them from the cache and the amx path's bf16 tiles verify a tree at little more than a
+    step: SmolLM2's default (hybrid, budget auto) ran 190 tok/s in bf16 against 147 on its Q4_1
+    blocks (benchmarks/quant_2026-12-06; 0.27 GB of bf16, 480 MB of cache). Where they do not, a
+    step streams them from memory and a GGUF's blocks, a third to a quarter of the bytes, win:
+    Qwen3-1.7B-shaped Q4_0 (3.4 GB of bf16), compiled, took 53 ms a step and 106 ms a verify of 8
+    in blocks against 118 and 128 ms in bf16, and holds 1 GB instead of 3.4
+    (benchmarks/prefetch_2026-12-07). Unknown sizes count as not fitting."""
+    return bf16_bytes is not None and cache_bytes is not None and bf16_bytes <= cache_bytes
+
+
+def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str | None, str]:
     """quant='auto': ("blocks": a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks kept, or None: float
     weights in the model's dtype; why). Blocks wherever the integer kernel runs, except on the
-    amx path: there bf16 tiles verify a 16-token tree at 1.6x a one-token step and the blocks'
-    AVX2 products at 4.6x, and SmolLM2's default (hybrid, budget auto) ran 147 tok/s on its
-    blocks against 190 in bf16, though plain decoding ran 112 against 86
-    (benchmarks/quant_2026-12-06). FLASHTREE_QUANT (blocks | none | q8_0 | q4_0) overrides."""
+    amx path for a model whose projections in bf16 (`bf16_bytes`; None: not known, as in
+    `flashtree env`) fit the last-level cache (`bf16_fits_cache`). FLASHTREE_QUANT (blocks | none
+    | q8_0 | q4_0) overrides."""
     from .. import cpu
     from . import cpu_dense
     forced = switches.value("FLASHTREE_QUANT")
@@ -160,14 +171,24 @@ def auto_quant(device: torch.device) -> tuple[str | None, str]:
     why = cpu_dense.why_unavailable()
     if why is not None:
         return None, f"the CPU kernel is not available ({why})"
-    if cpu.at_least("amx"):
-        return None, ("the amx path: bf16 AMX tiles verify a draft tree at a fraction of the blocks' cost, so the "
-                      "default decodes faster with a GGUF dequantized to bf16 (quant='blocks' keeps its blocks)")
-    return "blocks", (f"the {cpu.isa()} path: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer "
-                      f"kernel ({torch.ops.flashtree.qdense_dot()}; a third to half the bytes of bf16 a step)")
+    blocks = (f"a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer kernel "
+              f"({torch.ops.flashtree.qdense_dot()}; a third to half the bytes of bf16 a step)")
+    if not cpu.at_least("amx"):
+        return "blocks", f"the {cpu.isa()} path: {blocks}"
+    cache = cpu.last_level_cache_bytes()
+    cache_mb = f"{cache / 1e6:.0f} MB" if cache else "of unknown size"
+    if bf16_fits_cache(bf16_bytes, cache):
+        return None, (f"the amx path, and the model's projections in bf16 ({bf16_bytes / 1e6:.0f} MB) fit the "
+                      f"last-level cache ({cache_mb}): bf16 AMX tiles verify a draft tree at a fraction of the "
+                      f"blocks' cost (quant='blocks' keeps them)")
+    if bf16_bytes:
+        return "blocks", (f"the amx path: {blocks}, since the model's projections in bf16 ({bf16_bytes / 1e6:.0f} "
+                          f"MB) exceed the last-level cache ({cache_mb})")
+    return "blocks", (f"the amx path: {blocks} for a model whose projections in bf16 exceed the last-level cache "
+                      f"({cache_mb}); one whose bf16 projections fit it runs in bf16")
 
 
-def resolve_quant(quant: str | None, device: torch.device) -> str | None:
+def resolve_quant(quant: str | None, device: torch.device, bf16_bytes: int | None = None) -> str | None:
     """quant as the loader applies it: "auto" (`auto_quant`) keeps a GGUF file's Q8_0 / Q4_0 /
     Q4_1 blocks where that is faster; None / "none" runs float weights; "q8_0" / "q4_0"
     quantizes every projection at load. Blocks run on flashtree's CPU kernel only: a quant asked
@@ -177,7 +198,7 @@ def resolve_quant(quant: str | None, device: torch.device) -> str | None:
     if quant not in (None, "auto", "blocks", *QUANTS):
         raise ConfigError(f"quant '{quant}' is not supported; use one of auto, blocks, none, {', '.join(QUANTS)}")
     if quant == "auto":
-        quant = auto_quant(device)[0]
+        quant = auto_quant(device, bf16_bytes)[0]
     if quant is None:
         return None
     why = "quantized weights run on the CPU only" if device.type != "cpu" else cpu_dense.why_unavailable()
@@ -198,12 +219,14 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
     dt = resolve_dtype(dtype, dev)
     if dtype == "auto":
         log.info("dtype auto: %s (%s)", str(dt).removeprefix("torch."), auto_dtype(dev)[1])
-    qt = resolve_quant(quant, dev) if tp is None else None
     src = weights_in_gguf(path)
     if src is not None and tp is not None:  # shards come from a float checkpoint: the file's, dequantized once
         path, src = cached_conversion(src, weights=True), None
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
+    qt = resolve_quant(quant, dev, projection_bytes(model, 2)) if tp is None else None
+    if quant == "auto" and src is not None:
+        log.info("quant auto: %s (%s)", qt or "none", auto_quant(dev, projection_bytes(model, 2))[1])
     if src is not None:  # every parameter is set from the file: none is allocated before (blocks stay blocks)
         forms = load_gguf_weights(model, src, qt, dtype=dt)
         log.info("weights from %s: %s", src.name, ", ".join(f"{v} {k}" for k, v in forms.items()))
@@ -223,6 +246,14 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
         for layer in model.model.layers:
             layer.reduce = reduce
     return model.eval().requires_grad_(False)
+
+
+def projection_bytes(model: nn.Module, itemsize: int) -> int:
+    """Bytes of the weights a decoding step reads, at `itemsize` bytes a weight: every parameter
+    but the input embedding, whose step reads a row per token (a tied head is counted as the
+    head)."""
+    named = model.named_parameters(remove_duplicate=False)  # a tied head under its own name too
+    return itemsize * sum(p.numel() for n, p in named if "embed_tokens" not in n)
 
 
 def load_drafter(path: str | Path, target: TargetModel) -> DFlashDrafter:
