@@ -224,9 +224,10 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
         path, src = cached_conversion(src, weights=True), None
     with torch.device("meta"):
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
-    qt = resolve_quant(quant, dev, projection_bytes(model, 2)) if tp is None else None
+    bf16_bytes = projection_bytes(model, 2)
+    qt = resolve_quant(quant, dev, bf16_bytes) if tp is None else None
     if quant == "auto" and src is not None:
-        log.info("quant auto: %s (%s)", qt or "none", auto_quant(dev, projection_bytes(model, 2))[1])
+        log.info("quant auto: %s (%s)", qt or "none", auto_quant(dev, bf16_bytes)[1])
     if src is not None:  # every parameter is set from the file: none is allocated before (blocks stay blocks)
         forms = load_gguf_weights(model, src, qt, dtype=dt)
         log.info("weights from %s: %s", src.name, ", ".join(f"{v} {k}" for k, v in forms.items()))
