@@ -10,6 +10,8 @@
   threads sleep after a short spin (`WAIT_ENV`, set before torch loads its OpenMP runtime). With
   both threads fixed and libgomp's long spin, decoding beside one busy process fell to 0.04x of
   its quiet speed; following the free cores it keeps what one thread decodes (docs/cpu-paths.md).
+- **The last-level cache's size** (`last_level_cache_bytes()`, from sysfs), which quant auto
+  weighs a model's bf16 weights against on the amx path (`models/loader.py`).
 
 This module imports no torch (it runs before torch loads) and decides nothing about dtypes or
 kernels beyond naming the path; those are the loaders' and the kernels' business.

@@ -145,7 +145,7 @@ def bf16_fits_cache(bf16_bytes: int | None, cache_bytes: int | None) -> bool:
     reads them from the cache and the amx path's bf16 tiles verify a tree at little more than a
     step: SmolLM2's default (hybrid, budget auto) ran 190 tok/s in bf16 against 147 on its Q4_1
     blocks (benchmarks/quant_2026-12-06; 0.27 GB of bf16, 480 MB of cache). Where they do not, a
-    step streams them from memory and a GGUF's blocks, a third to a quarter of the bytes, win:
+    step streams them from memory and a GGUF's blocks, a third to half of the bytes, win:
     Qwen3-1.7B-shaped Q4_0 (3.4 GB of bf16), compiled, took 53 ms a step and 106 ms a verify of 8
     in blocks against 118 and 128 ms in bf16, and holds 1 GB instead of 3.4
     (benchmarks/prefetch_2026-12-07). Unknown sizes count as not fitting."""
