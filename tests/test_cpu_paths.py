@@ -119,6 +119,17 @@ for kind in quant.KINDS:  # the blocks' kernel on this path (AMX tiles on amx): 
         out["err"][f"{kind} {m}"] = float(abs(y.double().numpy() - ref).max() / abs(ref).max())
         rows = torch.cat([torch.ops.flashtree.qdense(x[i:i + 1], w.qs, w.d, w.m, None) for i in range(m)])
         assert torch.equal(rows, y), "a row's result depends on its batch"
+out["panels"] = quant.panels_ready()  # AMX-INT8 tiles: what the amx path's projections in blocks take
+for kind in quant.KINDS if out["panels"] else ():
+    w = quant.quantize(torch.randn(40, 288, generator=g), kind)
+    p = quant.to_panels(w)
+    for m in (1, 9, 17):
+        x = torch.randn(m, 288, generator=g)
+        y = torch.ops.flashtree.qdense_panels(x, p.qs, p.d, p.m, None, p.n)
+        ref = quant.reference(x, w)
+        out["err"][f"{kind} tiles {m}"] = float(abs(y.double().numpy() - ref).max() / abs(ref).max())
+        rows = torch.cat([torch.ops.flashtree.qdense_panels(x[i:i + 1], p.qs, p.d, p.m, None, p.n) for i in range(m)])
+        assert torch.equal(rows, y), "a row's result depends on its batch"
 print(json.dumps(out))
 """
 
@@ -137,6 +148,7 @@ def test_each_path_this_cpu_runs_forces_kernels_dtype_and_torch(path):
     assert out["auto_dtype"] == "torch.bfloat16"  # natively, or stored in bf16 and widened by the kernel
     assert out["layouts"]["torch.bfloat16"] == (4 if bf16 else 3)  # k-pair panels only where vdpbf16ps runs
     assert (out["bf16_path"] or "").startswith("AMX") == (path == "amx")
+    assert out["panels"] == (path == "amx" and "amx_int8" in (cpu.cpu_flags() or ()))
     for key, err in out["err"].items():
         assert err < (1e-5 if "float32" in key or key.startswith("q") else 2e-2), (key, err)
 

@@ -21,41 +21,69 @@ pytestmark = needs_kernel
 TOL = 2e-6  # of the output's scale: float32 accumulation over <= 48 blocks
 
 
-def qdense(x, w: quant.Blocks, bias=None):
+def qdense(x, w: quant.Blocks, bias=None, form="eights"):
+    """The vector kernel (rows by eights) or, form="panels", the AMX-INT8 tiles' kernel."""
     assert cpu_dense.available()
+    if form == "panels":
+        p = quant.to_panels(w)
+        return torch.ops.flashtree.qdense_panels(x, p.qs, p.d, p.m, bias, p.n)
     w = quant.interleave(w)  # (the kernel's layout)
     return torch.ops.flashtree.qdense(x, w.qs, w.d, w.m, bias)
 
 
+FORMS = ["eights", pytest.param("panels", marks=pytest.mark.skipif(
+    not (cpu_dense.available() and quant.panels_ready()), reason="AMX-INT8 tiles need the amx path and amx_int8"))]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("kind", quant.KINDS)
-@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536), (20, 576)])  # runs of 8 blocks, tails
-def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k):
+@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536), (20, 576), (16, 96)])  # runs of 8, tails, odd nb
+def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k, form):
     torch.manual_seed(n + k)
     w = quant.quantize(torch.randn(n, k) * 0.05, kind)
     bias = torch.randn(n)
-    x = torch.randn(17, k)
+    x = torch.randn(37, k)  # past two tiles of 16 rows
     x[3, :32] = 0  # an all-zero block: scale 0
-    y = qdense(x, w, bias)
+    y = qdense(x, w, bias, form)
     ref = quant.reference(x, w, bias)
     scale = np.abs(ref).max()
     assert np.abs(y.double().numpy() - ref).max() <= TOL * scale
-    for rows in (1, 2, 3, 4, 5, 9):  # every tile shape: each row's result is the same bits
-        assert torch.equal(qdense(x[:rows], w, bias), y[:rows])
-        assert torch.equal(torch.cat([qdense(x[i:i + 1], w, bias) for i in range(rows)]), y[:rows])
+    for rows in (1, 2, 3, 4, 5, 9, 16, 17):  # every tile shape: each row's result is the same bits
+        assert torch.equal(qdense(x[:rows], w, bias, form), y[:rows])
+        assert torch.equal(torch.cat([qdense(x[i:i + 1], w, bias, form) for i in range(rows)]), y[:rows])
     # negative control: the float product of the same blocks (x unquantized) is outside the tolerance
     plain = x.double() @ w.dequantize().double().T + bias.double()
     assert np.abs(plain.numpy() - ref).max() > 50 * TOL * scale
 
 
-def test_kernel_takes_bf16_and_float64_rows():
+@pytest.mark.parametrize("form", FORMS)
+def test_kernel_takes_bf16_and_float64_rows(form):
     torch.manual_seed(1)
     w = quant.quantize(torch.randn(48, 288), "q4_1")
     x = torch.randn(5, 288)
-    y = qdense(x, w)
-    assert qdense(x.double(), w).dtype == torch.float64
-    assert torch.equal(qdense(x.double(), w).float(), y)
+    y = qdense(x, w, form=form)
+    assert qdense(x.double(), w, form=form).dtype == torch.float64
+    assert torch.equal(qdense(x.double(), w, form=form).float(), y)
     xb = x.bfloat16()
-    assert torch.equal(qdense(xb, w), qdense(xb.float(), w).bfloat16())
+    assert torch.equal(qdense(xb, w, form=form), qdense(xb.float(), w, form=form).bfloat16())
+
+
+@pytest.mark.parametrize("kind", quant.KINDS)
+def test_panels_keep_every_quant_and_scale(kind):
+    """The AMX tiles' layout is a permutation of the blocks: back to rows, any rows picked, and
+    the embedding's lookup from it give the file's blocks and weights again."""
+    torch.manual_seed(3)
+    w = quant.quantize(torch.randn(37, 544), kind)  # N not a multiple of 16: a padded last panel
+    p = quant.to_panels(w)
+    assert p.qs.shape == (3, 17, 256 if kind != "q8_0" else 512) and p.d.shape == (3, 17, 16)
+    back = p.to_blocks()
+    assert torch.equal(back.qs, w.qs) and torch.equal(back.d, w.d)
+    assert (w.m is None and back.m is None) or torch.equal(back.m, w.m)
+    ids = torch.tensor([36, 0, 17, 17, 5])
+    assert torch.equal(p.rows(ids).dequantize(), w.dequantize()[ids])
+    joined = quant.cat([quant.to_panels(quant.quantize(torch.randn(32, 544), kind)), p])
+    assert isinstance(joined, quant.Panels) and joined.shape == (69, 544)
+    assert torch.equal(joined.rows(torch.arange(32, 69)).dequantize(), w.dequantize())
 
 
 def test_row_quantization_rule_matches_numpy_model():

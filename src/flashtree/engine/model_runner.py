@@ -113,7 +113,7 @@ def draft_vocabulary(drafter: DFlashDrafter | None) -> np.ndarray | None:
 def head_rows(head: torch.nn.Module, ids: torch.Tensor) -> Linear | QuantLinear:
     """A bias-free LM head holding rows `ids` of `head`'s weight (a copy: the target keeps its own)."""
     if isinstance(head, QuantLinear):
-        return QuantLinear(head.blocks.rows(ids))
+        return QuantLinear(head.form.rows(ids))
     W = head.weight.detach()
     sub = Linear(W.shape[1], ids.shape[0], bias=False, device=W.device, dtype=W.dtype)
     with torch.no_grad():

@@ -49,7 +49,8 @@ MAX_ROWS = 256  # above this many rows the op calls at::linear (kMaxRows in the 
 PANEL = 16      # output columns per packed panel (kW in the .cpp)
 TOPK_MAX = 64   # above this k, `topk` is torch's (the kernel's insertion buffer is made for a few)
 _SOURCES = [str(Path(__file__).with_name(f))
-            for f in ("cpu_dense.cpp", "cpu_dense_bf16.cpp", "cpu_quant.cpp", "cpu_attention.cpp", "cpu_topk.cpp",
+            for f in ("cpu_dense.cpp", "cpu_dense_bf16.cpp", "cpu_quant.cpp", "cpu_quant_amx.cpp",
+                      "cpu_attention.cpp", "cpu_topk.cpp",
                       "cpu_sample.cpp")]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")  # what the sources share (in the build's key, below)
 
@@ -153,6 +154,7 @@ def _load() -> str | None:
             torch.library.register_fake("flashtree::dense_bf16")(_dense_shape)
             torch.library.register_fake("flashtree::paged_attention")(_attention_shape)
             torch.library.register_fake("flashtree::qdense")(_qdense_shape)
+            torch.library.register_fake("flashtree::qdense_panels")(_qdense_panels_shape)
             log.debug("CPU projection kernel ready in %.1f s", time.perf_counter() - t0)
         except Exception as e:  # a build or load failure: keep serving on F.linear
             why = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -179,6 +181,11 @@ def _dense_shape(x, weight, packed, bias):
 def _qdense_shape(x, qs, d, m, bias):
     """Shape of qdense's output: [..., N] (qs [N, K] or [N, K/2])."""
     return x.new_empty((*x.shape[:-1], qs.shape[0]))
+
+
+def _qdense_panels_shape(x, qs, d, m, bias, n):
+    """Shape of qdense_panels' output: [..., n]."""
+    return x.new_empty((*x.shape[:-1], n))
 
 
 def _attention_shape(q, k_new, v_new, k_cache, v_cache, table, lengths, vis, page_size, scale):

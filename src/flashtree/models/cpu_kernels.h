@@ -68,4 +68,42 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+constexpr int kBlock = 32;  // weights per GGUF block (cpu_quant.cpp, cpu_quant_amx.cpp)
+
+// The q8 row quantization of x (the blocks kernels'): for each block of 32, amax = max |x|, xd = amax / 127,
+// xq = round-half-even(x * (127 / amax)) (0 where amax is 0), xs = xd * sum(xq).
+inline void quantize_row(const float* x, int64_t K, int8_t* xq, float* xd, float* xs, int64_t nbp) {
+  const int64_t nb = K / kBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + b * kBlock + 8 * i);
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));  // nearest, ties even
+    // int32 x 32 -> int8 x 32 in order (packs interleave the 128-bit lanes: undo with a permute)
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * kBlock), p);
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    xd[b] = d;
+    xs[b] = d * static_cast<float>(_mm_cvtsi128_si32(t));
+  }
+  for (int64_t b = nb; b < nbp; ++b) xd[b] = xs[b] = 0.0f;
+}
+
 }  // namespace flashtree_kernels

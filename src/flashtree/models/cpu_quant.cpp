@@ -43,43 +43,7 @@
 
 namespace {
 
-constexpr int kB = 32;  // weights per block
-
-// The q8 row quantization of x: for each block of 32, amax = max |x|, xd = amax / 127,
-// xq = round-half-even(x * (127 / amax)) (0 where amax is 0), xs = xd * sum(xq).
-void quantize_row(const float* x, int64_t K, int8_t* xq, float* xd, float* xs, int64_t nbp) {
-  const int64_t nb = K / kB;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256 v[4];
-    __m256 mx = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(x + b * kB + 8 * i);
-      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
-    const float d = amax / 127.0f;
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));  // nearest, ties even
-    // int32 x 32 -> int8 x 32 in order (packs interleave the 128-bit lanes: undo with a permute)
-    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
-    __m256i p = _mm256_packs_epi16(p01, p23);
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * kB), p);
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    xd[b] = d;
-    xs[b] = d * static_cast<float>(_mm_cvtsi128_si32(t));
-  }
-  for (int64_t b = nb; b < nbp; ++b) xd[b] = xs[b] = 0.0f;
-}
+constexpr int kB = flashtree_kernels::kBlock;  // weights per block
 
 // The 8-lane sum in one fixed order: halves, then pairs, then the last two.
 inline float hsum(__m256 v) {
@@ -372,7 +336,7 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   const float* xp = x2.data_ptr<float>();
   std::vector<int8_t> plain(K);
   for (int64_t i = 0; i < M; ++i) {
-    quantize_row(xp + i * K, K, plain.data(), &xd[i * nbp], &xs[i * nbp], nbp);
+    flashtree_kernels::quantize_row(xp + i * K, K, plain.data(), &xd[i * nbp], &xs[i * nbp], nbp);
     interleave_row(plain.data(), K, &xq[i * K]);
   }
   const float* bp = bias.has_value() ? b2.data_ptr<float>() : nullptr;
@@ -410,7 +374,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
   at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor xd = at::empty({M, nbp}, x.options()), xs = at::empty({M, nbp}, x.options());
   for (int64_t i = 0; i < M; ++i)
-    quantize_row(xc.data_ptr<float>() + i * K, K, xq.data_ptr<int8_t>() + i * K, xd.data_ptr<float>() + i * nbp,
+    flashtree_kernels::quantize_row(xc.data_ptr<float>() + i * K, K, xq.data_ptr<int8_t>() + i * K, xd.data_ptr<float>() + i * nbp,
                  xs.data_ptr<float>() + i * nbp, nbp);
   return {xq, xd, xs};
 }

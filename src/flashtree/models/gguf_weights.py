@@ -120,7 +120,7 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                 if matrix and quant in q.QUANTS:
                     blocks, keep = q.quantize(w, quant), True
             if keep:
-                blocks = q.interleave(blocks)  # the kernel's layout, once (a tied head and its embedding share it)
+                blocks = q.kernel_form(blocks)  # the kernel's layout, once (a tied head and its embedding share it)
                 forms[blocks.kind] = forms.get(blocks.kind, 0) + 1
                 if name == "model.embed_tokens.weight":
                     _set_module(model, "model.embed_tokens", q.QuantEmbedding(blocks, dtype))

@@ -89,7 +89,7 @@ def _fused(parts) -> Linear | quant.QuantLinear | None:
     Linears, a QuantLinear of blocks of one kind; None for any other mix (left unfused)."""
     bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
     if all(isinstance(p, quant.QuantLinear) for p in parts):
-        blocks = quant.cat([p.blocks for p in parts])
+        blocks = quant.cat([p.form for p in parts])
         return None if blocks is None else quant.QuantLinear(blocks, bias)
     if not all(isinstance(p, Linear) for p in parts):
         return None

@@ -18,6 +18,7 @@ form a model takes (`gguf_weights.py` and the loader do).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,14 +76,21 @@ class Blocks:
         return Blocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), self.interleaved)
 
 
-def cat(parts: list[Blocks]) -> Blocks | None:
+def cat(parts: list[Blocks | Panels]) -> Blocks | Panels | None:
     """The weights' rows one after another (a fused q/k/v or gate/up), or None where their kinds
-    differ (a file may store v in another type than q and k)."""
+    differ (a file may store v in another type than q and k). Panels join as panels where every
+    part but the last fills its panels, else as rows of blocks."""
     kinds = {p.kind for p in parts}
-    if len(kinds) != 1 or len({(p.shape[1], p.interleaved) for p in parts}) != 1:
+    if len(kinds) != 1 or len({p.shape[1] for p in parts}) != 1:
         return None
-    m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-    return Blocks(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m,
+    join = lambda ts: None if ts[0] is None else torch.cat(ts)
+    if all(isinstance(p, Panels) for p in parts) and all(p.n % PANEL == 0 for p in parts[:-1]):
+        return Panels(parts[0].kind, join([p.qs for p in parts]), join([p.d for p in parts]),
+                      join([p.m for p in parts]), sum(p.n for p in parts))
+    parts = [p.to_blocks() if isinstance(p, Panels) else p for p in parts]
+    if len({p.interleaved for p in parts}) != 1:
+        parts = [interleave(p) for p in parts]
+    return Blocks(parts[0].kind, join([p.qs for p in parts]), join([p.d for p in parts]), join([p.m for p in parts]),
                   parts[0].interleaved)
 
 
@@ -207,18 +215,98 @@ def reference(x: torch.Tensor, w: Blocks, bias: torch.Tensor | None = None) -> n
     return y
 
 
-class QuantLinear(nn.Module):
-    """A projection whose weight stays in blocks (buffers `qs`, `d`, `m`; a float `bias` or none):
-    x [..., K] float32 / bf16 -> [..., N] in x's dtype, by the CPU kernel (call only where
-    `cpu_dense.available()`)."""
+PANEL = 16  # weight rows a panel (`cpu_quant_amx.cpp`: a tile's 16 columns)
 
-    def __init__(self, w: Blocks, bias: torch.Tensor | None = None):
+
+@dataclass
+class Panels:
+    """One weight [N, K] in `cpu_quant_amx.cpp`'s layout (`to_panels`): rows in panels of 16 (zero
+    rows past N), each panel's blocks in turn, a panel's block as the AMX tile's B operand (row r
+    of 8 holding weights 4r..4r+3 of the 16 rows, 64 bytes; q4 rows 2i and 2i+1 in the low and
+    high nibbles of bytes 64i..64i+63)."""
+    kind: str
+    qs: torch.Tensor          # [P, K/32, 512] int8 | [P, K/32, 256] uint8
+    d: torch.Tensor           # [P, K/32, 16] float16
+    m: torch.Tensor | None    # [P, K/32, 16] float16 (Q4_1 only)
+    n: int                    # N
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.qs.shape[1] * BLOCK
+
+    def rows(self, ids: torch.Tensor) -> Blocks:
+        """Rows `ids` [L] as blocks in GGUF's order (copies)."""
+        p, c = ids // PANEL, ids % PANEL
+        nb = self.qs.shape[1]
+        if self.qs.dtype == torch.uint8:
+            b = self.qs[p].unflatten(-1, (4, PANEL, 4))                         # [L, nb, 4 row pairs, 16, 4]
+            b = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 4, 1, 4))[:, :, :, 0]   # [L, nb, 4, 4]
+            q = torch.stack([b & 15, b >> 4], dim=3)                            # [L, nb, 4, 2, 4]: weight order
+        else:
+            b = self.qs[p].unflatten(-1, (8, PANEL, 4))                         # [L, nb, 8, 16, 4]
+            q = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 8, 1, 4))[:, :, :, 0]
+        scales = lambda s: None if s is None else torch.nn.functional.pad(
+            s[p].gather(2, c.view(-1, 1, 1).expand(-1, nb, 1))[..., 0], (0, padded_blocks(nb * BLOCK) - nb))
+        return Blocks(self.kind, _pack(q.reshape(len(ids), -1), self.qs.dtype == torch.uint8),
+                      scales(self.d).contiguous(), None if self.m is None else scales(self.m).contiguous())
+
+    def to_blocks(self) -> Blocks:
+        """The weight as rows of blocks in GGUF's order (a copy)."""
+        return self.rows(torch.arange(self.n))
+
+
+def to_panels(w: Blocks) -> Panels:
+    """w in `cpu_quant_amx.cpp`'s panels (a copy)."""
+    n, k = w.shape
+    nb, p = k // BLOCK, -(-n // PANEL)
+    q4 = w.qs.dtype == torch.uint8
+    qs = torch.empty((p, nb, 256 if q4 else 512), dtype=w.qs.dtype)
+    step = 256  # panels at a time: 4,096 rows (an 8 B model's embedding is 0.6 GB of quants)
+    for r in range(0, p, step):
+        q = stored_values(w.qs[PANEL * r:PANEL * (r + step)], k, w.interleaved)
+        q = torch.nn.functional.pad(q, (0, 0, 0, PANEL * min(step, p - r) - q.shape[0]))
+        q = q.reshape(-1, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4)           # [panels, nb, 8, 16, 4]
+        if q4:
+            q = q.reshape(-1, nb, 4, 2, 64)                                  # B rows in pairs
+            qs[r:r + step] = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).to(torch.uint8).flatten(2)
+        else:
+            qs[r:r + step] = q.to(torch.int8).flatten(2)
+
+    def by_panel(s: torch.Tensor) -> torch.Tensor:
+        s = torch.nn.functional.pad(s[:, :nb], (0, 0, 0, PANEL * p - n))
+        return s.reshape(p, PANEL, nb).transpose(1, 2).contiguous()
+    return Panels(w.kind, qs, by_panel(w.d), None if w.m is None else by_panel(w.m), n)
+
+
+@functools.cache
+def panels_ready() -> bool:
+    """Whether projections in blocks run on AMX-INT8 tiles here (`cpu_quant_amx.cpp`: the amx path,
+    the CPU's amx_int8 and the OS's grant of the tile state), so take `Panels`; else `Blocks` by eights."""
+    from . import cpu_dense
+    return cpu_dense.available() and bool(torch.ops.flashtree.qdense_panels_ready())
+
+
+def kernel_form(w: Blocks | Panels) -> Blocks | Panels:
+    """w as this process's blocks kernel multiplies it: panels on AMX-INT8 tiles, else rows by
+    eights. One process takes one form for every projection: the two kernels sum a row's blocks
+    in different orders, and a verify must sum as a step does."""
+    if panels_ready():
+        return w if isinstance(w, Panels) else to_panels(w)
+    return interleave(w.to_blocks() if isinstance(w, Panels) else w)
+
+
+class QuantLinear(nn.Module):
+    """A projection whose weight stays in blocks (buffers `qs`, `d`, `m` in the kernel's form,
+    `kernel_form`; a float `bias` or none): x [..., K] float32 / bf16 -> [..., N] in x's dtype, by
+    the CPU kernel (call only where `cpu_dense.available()`)."""
+
+    def __init__(self, w: Blocks | Panels, bias: torch.Tensor | None = None):
         super().__init__()
         from . import cpu_dense
         if not cpu_dense.available():  # (builds and loads the kernel, which defines the op)
             raise RuntimeError(f"quantized weights need flashtree's CPU kernel: {cpu_dense.why_unavailable()}")
-        w = interleave(w)
-        self.kind = w.kind
+        w = kernel_form(w)
+        self.kind, self.panels = w.kind, isinstance(w, Panels)
         self.out_features, self.in_features = w.shape
         self.register_buffer("qs", w.qs)
         self.register_buffer("d", w.d)
@@ -226,23 +314,35 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @property
-    def blocks(self) -> Blocks:
+    def form(self) -> Blocks | Panels:
+        """The weight as the kernel holds it."""
+        if self.panels:
+            return Panels(self.kind, self.qs, self.d, self.m, self.out_features)
         return Blocks(self.kind, self.qs, self.d, self.m, True)
 
+    @property
+    def blocks(self) -> Blocks:
+        """The weight as rows of blocks (a copy where the kernel holds panels)."""
+        form = self.form
+        return form.to_blocks() if isinstance(form, Panels) else form
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels:
+            return torch.ops.flashtree.qdense_panels(x, self.qs, self.d, self.m, self.bias, self.out_features)
         return torch.ops.flashtree.qdense(x, self.qs, self.d, self.m, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, "
+                f"kernel={'amx tiles' if self.panels else 'vector'}")
 
 
 class QuantEmbedding(nn.Module):
     """Token embeddings kept in blocks: a lookup dequantizes its rows (d q + m) into `dtype`."""
 
-    def __init__(self, w: Blocks, dtype: torch.dtype):
+    def __init__(self, w: Blocks | Panels, dtype: torch.dtype):
         super().__init__()
-        w = interleave(w)  # as a tied head's QuantLinear stores it: one copy serves both
-        self.kind, self.dtype = w.kind, dtype
+        w = kernel_form(w)  # as a tied head's QuantLinear stores it: one copy serves both
+        self.kind, self.dtype, self.panels = w.kind, dtype, isinstance(w, Panels)
         self.num_embeddings, self.embedding_dim = w.shape
         self.register_buffer("qs", w.qs)
         self.register_buffer("d", w.d)
@@ -251,6 +351,9 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK
+        if self.panels:
+            rows = Panels(self.kind, self.qs, self.d, self.m, self.num_embeddings).rows(ids.reshape(-1))
+            return rows.dequantize(self.dtype).reshape(*ids.shape, k)
         q = _unpack(self.qs[ids], k)[..., self.plain].unflatten(-1, (nb, BLOCK))   # [..., nb, 32] in weight order
         d = self.d[ids][..., :nb, None].float()
         w = q.float() * d
@@ -275,3 +378,4 @@ def describe(model: nn.Module) -> str | None:
     most projections have first."""
     forms = weight_forms(model)
     return "+".join(sorted(forms, key=lambda k: -forms[k])) if forms else None
+
