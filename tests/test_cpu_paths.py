@@ -236,11 +236,11 @@ def test_the_kv_pool_commits_memory_only_where_rows_are_written():
     assert float(pool[:, 1000:1100].abs().sum()) == 0.0 and float(pool[:, :1000].sum()) == 30 * 1000 * 192
 
 
-def test_quant_auto_keeps_blocks_but_for_a_cached_bf16_model_on_amx(monkeypatch):
-    """The measured rule (loader.auto_quant): blocks on every kernel path; on amx, bf16 for a
-    model whose bf16 projections fit the last-level cache, where its tiles verify trees cheaper;
-    FLASHTREE_QUANT overrides, a wrong value is refused."""
-    from flashtree.models import loader
+def test_quant_auto_keeps_blocks_but_for_a_cached_bf16_model_on_amx_without_int8_tiles(monkeypatch):
+    """The measured rule (loader.auto_quant): blocks on every kernel path, on AMX-INT8 tiles where
+    they run; on amx without them, bf16 for a model whose bf16 projections fit the last-level
+    cache; FLASHTREE_QUANT overrides, a wrong value is refused."""
+    from flashtree.models import loader, quant
     if not cpu_dense.available():
         pytest.skip("no CPU kernel: quant auto is float everywhere")
     monkeypatch.delenv("FLASHTREE_QUANT", raising=False)
@@ -249,7 +249,9 @@ def test_quant_auto_keeps_blocks_but_for_a_cached_bf16_model_on_amx(monkeypatch)
     q, why = loader.auto_quant(torch.device("cpu"))  # no model: blocks, and the rule in words
     assert q == "blocks" and why
     assert loader.auto_quant(torch.device("cpu"), large)[0] == "blocks"
-    assert (loader.auto_quant(torch.device("cpu"), small)[0] is None) == (cpu.at_least("amx") and cache is not None)
+    bf16_rule = cpu.at_least("amx") and not quant.panels_ready()
+    assert (loader.auto_quant(torch.device("cpu"), small)[0] is None) == (bf16_rule and cache is not None)
+    assert ("AMX-INT8 tiles" in why) == quant.panels_ready()
     assert loader.bf16_fits_cache(270_000_000, 480 << 20) and not loader.bf16_fits_cache(3_400_000_000, 480 << 20)
     assert not loader.bf16_fits_cache(None, 480 << 20) and not loader.bf16_fits_cache(1, None)
     monkeypatch.setenv("FLASHTREE_QUANT", "q8_0")

@@ -36,8 +36,8 @@ for T in [int(t) for t in sys.argv[2].split(",")]:
 
     def tiles():
         for layer in panels:
-            for (qs, d, m), (n, k) in zip(layer, shapes):
-                torch.ops.flashtree.qdense_panels(x[k], qs, d, m, None, n)
+            for p, (_n, k) in zip(layer, shapes):
+                torch.ops.flashtree.qdense_panels(x[k], p.qs, p.d, p.m, None, p.n)
     arms = {"vector": vec, **({"amx": tiles} if amx else {})}
     ts = {a: [] for a in arms}
     for f in arms.values():

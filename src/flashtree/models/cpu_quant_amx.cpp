@@ -113,7 +113,7 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
                    int64_t ldy, int64_t N, const float* bias, bool prefetch) {
   constexpr int64_t QB = Q4 ? 256 : 512;  // bytes of a panel block's quants
   const int64_t nb = K / kB;
-  alignas(64) uint8_t wbuf[2][512];
+  alignas(64) uint8_t wbuf[2][2][512];  // q4: the next two blocks unpacked while the tiles take these two
   alignas(64) int32_t cbuf[2][kP * kP];
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* qp = qs + p * nb * QB;
@@ -123,14 +123,20 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
 #pragma GCC unroll 16
     for (int t = 0; t < kP; ++t) acc[t] = _mm512_setzero_ps();
     int64_t b = 0;
+    if constexpr (Q4)
+      if (nb >= 2) unpack_q4(qp, wbuf[0][0]), unpack_q4(qp + QB, wbuf[0][1]);
     for (; b + 2 <= nb; b += 2) {
       if (prefetch)
         for (int64_t l = 0; l < 2 * QB; l += 64) _mm_prefetch(reinterpret_cast<const char*>(qp + b * QB + kAhead + l), _MM_HINT_T0);
       if constexpr (Q4) {
-        unpack_q4(qp + b * QB, wbuf[0]);
-        unpack_q4(qp + (b + 1) * QB, wbuf[1]);
-        _tile_loadd(2, wbuf[0], 64);
-        _tile_loadd(5, wbuf[1], 64);
+        uint8_t(*now)[512] = wbuf[(b / 2) & 1];
+        _tile_loadd(2, now[0], 64);
+        _tile_loadd(5, now[1], 64);
+        if (b + 4 <= nb) {
+          uint8_t(*next)[512] = wbuf[(b / 2 + 1) & 1];
+          unpack_q4(qp + (b + 2) * QB, next[0]);
+          unpack_q4(qp + (b + 3) * QB, next[1]);
+        }
       } else {
         _tile_loadd(2, qp + b * QB, 64);
         _tile_loadd(5, qp + (b + 1) * QB, 64);
@@ -153,8 +159,8 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
     }
     if (b < nb) {  // an odd block count's last
       if constexpr (Q4) {
-        unpack_q4(qp + b * QB, wbuf[0]);
-        _tile_loadd(2, wbuf[0], 64);
+        unpack_q4(qp + b * QB, wbuf[0][0]);
+        _tile_loadd(2, wbuf[0][0], 64);
       } else {
         _tile_loadd(2, qp + b * QB, 64);
       }

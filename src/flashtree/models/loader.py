@@ -141,7 +141,8 @@ def load_state(module: torch.nn.Module, path: Path, ignorable: tuple[str, ...] =
 
 
 def bf16_fits_cache(bf16_bytes: int | None, cache_bytes: int | None) -> bool:
-    """Whether a model's projections in bf16 stay in the last-level cache. Where they do, a step
+    """Whether a model's projections in bf16 stay in the last-level cache (the amx path's rule
+    where AMX-INT8 tiles do not run; where they do, blocks beat bf16 either way). Where they do, a step
     reads them from the cache and the amx path's bf16 tiles verify a tree at little more than a
     step: SmolLM2's default (hybrid, budget auto) ran 190 tok/s in bf16 against 147 on its Q4_1
     blocks (benchmarks/quant_2026-12-06; 0.27 GB of bf16, 480 MB of cache). Where they do not, a
@@ -154,12 +155,14 @@ def bf16_fits_cache(bf16_bytes: int | None, cache_bytes: int | None) -> bool:
 
 def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str | None, str]:
     """quant='auto': ("blocks": a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks kept, or None: float
-    weights in the model's dtype; why). Blocks wherever the integer kernel runs, except on the
-    amx path for a model whose projections in bf16 (`bf16_bytes`; None: not known, as in
-    `flashtree env`) fit the last-level cache (`bf16_fits_cache`). FLASHTREE_QUANT (blocks | none
-    | q8_0 | q4_0) overrides."""
+    weights in the model's dtype; why). Blocks wherever the integer kernel runs. On the amx path
+    they run on AMX-INT8 tiles (`quant.panels_ready`), which verify a tree at 1.4-1.8x a step and
+    beat bf16 at every row count measured (SmolLM2 included: benchmarks/amx_int8_2026-12-07);
+    without those tiles, bf16 for a model whose projections in bf16 (`bf16_bytes`; None: not
+    known, as in `flashtree env`) fit the last-level cache (`bf16_fits_cache`). FLASHTREE_QUANT
+    (blocks | none | q8_0 | q4_0) overrides."""
     from .. import cpu
-    from . import cpu_dense
+    from . import cpu_dense, quant
     forced = switches.value("FLASHTREE_QUANT")
     if forced and forced != "auto":
         if forced not in ("blocks", "none", *QUANTS):
@@ -171,6 +174,9 @@ def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str
     why = cpu_dense.why_unavailable()
     if why is not None:
         return None, f"the CPU kernel is not available ({why})"
+    if quant.panels_ready():
+        return "blocks", ("the amx path: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied on AMX-INT8 tiles "
+                          "(a third to half the bytes of bf16 a step, and a verify of 8 rows at 1.4-1.8x a step)")
     blocks = (f"a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer kernel "
               f"({torch.ops.flashtree.qdense_dot()}; a third to half the bytes of bf16 a step)")
     if not cpu.at_least("amx"):
@@ -178,9 +184,9 @@ def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str
     cache = cpu.last_level_cache_bytes()
     cache_mb = f"{cache / 1e6:.0f} MB" if cache else "of unknown size"
     if bf16_fits_cache(bf16_bytes, cache):
-        return None, (f"the amx path, and the model's projections in bf16 ({bf16_bytes / 1e6:.0f} MB) fit the "
-                      f"last-level cache ({cache_mb}): bf16 AMX tiles verify a draft tree at a fraction of the "
-                      f"blocks' cost (quant='blocks' keeps them)")
+        return None, (f"the amx path without AMX-INT8 tiles, and the model's projections in bf16 "
+                      f"({bf16_bytes / 1e6:.0f} MB) fit the last-level cache ({cache_mb}): bf16 AMX tiles verify a "
+                      f"draft tree at a fraction of the blocks' cost (quant='blocks' keeps them)")
     if bf16_bytes:
         return "blocks", (f"the amx path: {blocks}, since the model's projections in bf16 ({bf16_bytes / 1e6:.0f} "
                           f"MB) exceed the last-level cache ({cache_mb})")

@@ -234,21 +234,26 @@ class Panels:
     def shape(self) -> tuple[int, int]:
         return self.n, self.qs.shape[1] * BLOCK
 
-    def rows(self, ids: torch.Tensor) -> Blocks:
-        """Rows `ids` [L] as blocks in GGUF's order (copies)."""
+    def row_values(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rows `ids` [L]: quants [L, K/32, 32] in weight order (q4: 0..15), scales and offsets [L, K/32] float16."""
         p, c = ids // PANEL, ids % PANEL
         nb = self.qs.shape[1]
         if self.qs.dtype == torch.uint8:
             b = self.qs[p].unflatten(-1, (4, PANEL, 4))                         # [L, nb, 4 row pairs, 16, 4]
-            b = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 4, 1, 4))[:, :, :, 0]   # [L, nb, 4, 4]
+            b = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 4, 1, 4)).squeeze(3)   # [L, nb, 4, 4]
             q = torch.stack([b & 15, b >> 4], dim=3)                            # [L, nb, 4, 2, 4]: weight order
         else:
             b = self.qs[p].unflatten(-1, (8, PANEL, 4))                         # [L, nb, 8, 16, 4]
-            q = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 8, 1, 4))[:, :, :, 0]
-        scales = lambda s: None if s is None else torch.nn.functional.pad(
-            s[p].gather(2, c.view(-1, 1, 1).expand(-1, nb, 1))[..., 0], (0, padded_blocks(nb * BLOCK) - nb))
-        return Blocks(self.kind, _pack(q.reshape(len(ids), -1), self.qs.dtype == torch.uint8),
-                      scales(self.d).contiguous(), None if self.m is None else scales(self.m).contiguous())
+            q = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 8, 1, 4)).squeeze(3)
+        pick = lambda s: None if s is None else s[p].gather(2, c.view(-1, 1, 1).expand(-1, nb, 1)).squeeze(2)
+        return q.flatten(2), pick(self.d), pick(self.m)
+
+    def rows(self, ids: torch.Tensor) -> Blocks:
+        """Rows `ids` [L] as blocks in GGUF's order (copies)."""
+        q, d, m = self.row_values(ids)
+        nb = q.shape[1]
+        pad = lambda s: None if s is None else torch.nn.functional.pad(s, (0, padded_blocks(nb * BLOCK) - nb))
+        return Blocks(self.kind, _pack(q.flatten(1), self.qs.dtype == torch.uint8), pad(d), pad(m))
 
     def to_blocks(self) -> Blocks:
         """The weight as rows of blocks in GGUF's order (a copy)."""
@@ -352,13 +357,15 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK
         if self.panels:
-            rows = Panels(self.kind, self.qs, self.d, self.m, self.num_embeddings).rows(ids.reshape(-1))
-            return rows.dequantize(self.dtype).reshape(*ids.shape, k)
-        q = _unpack(self.qs[ids], k)[..., self.plain].unflatten(-1, (nb, BLOCK))   # [..., nb, 32] in weight order
-        d = self.d[ids][..., :nb, None].float()
+            q, d, m = Panels(self.kind, self.qs, self.d, self.m, self.num_embeddings).row_values(ids.reshape(-1))
+            q, d, m = q.unflatten(0, ids.shape), d.unflatten(0, ids.shape), m if m is None else m.unflatten(0, ids.shape)
+        else:
+            q = _unpack(self.qs[ids], k)[..., self.plain].unflatten(-1, (nb, BLOCK))   # [..., nb, 32] in weight order
+            d, m = self.d[ids][..., :nb], None if self.m is None else self.m[ids][..., :nb]
+        d = d[..., None].float()
         w = q.float() * d
-        if self.m is not None:
-            w = w + self.m[ids][..., :nb, None].float()
+        if m is not None:
+            w = w + m[..., None].float()
         elif self.qs.dtype == torch.uint8:  # Q4_0: the offset -8 d
             w = w - 8 * d
         return w.flatten(-2).to(self.dtype)                                  # [..., K]
