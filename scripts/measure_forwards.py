@@ -37,6 +37,7 @@ p.add_argument("--quant", default="auto", help="auto | none | q8_0 | q4_0 (LLM's
 p.add_argument("--tokens", default="1,9,17", help="comma list of new-token counts (1 is always timed)")
 p.add_argument("--modes", default="eager,compiled")
 p.add_argument("--profile", type=int, default=0, help="profile this many one-token steps of the last mode")
+p.add_argument("--profile-tokens", type=int, default=1, help="profile forwards of this many tokens instead (one of --tokens)")
 a = p.parse_args()
 
 
@@ -106,7 +107,7 @@ with torch.inference_mode():
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:  # (the last mode's runner stays selected)
             for _ in range(a.profile):
-                forwards["target 1 token"]()
+                forwards[f"target {a.profile_tokens} token{'s' if a.profile_tokens > 1 else ''}"]()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 rows = []
 for mode in modes:
