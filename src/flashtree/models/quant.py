@@ -7,12 +7,14 @@ the K/32 blocks up to a multiple of 8). A weight is `d q` (q8, q in -128..127) o
 in 0..15; Q4_0's q - 8 is the offset -8 d, not stored). The quants are in GGUF's order, or (`interleave`, what
 `cpu_quant.cpp` multiplies) by eights: each run of 8 blocks stored as 8 groups of 32 quants, group
 g holding quants 4g..4g+3 of each of the 8 blocks in turn; the blocks after the last whole run as
-they are. `from_gguf` reads a tensor's
+they are. `Panels` is the other kernel's layout (`cpu_quant_amx.cpp`, AMX-INT8 tiles: rows in
+panels of 16, `to_panels`); `kernel_form` gives a weight the form this process multiplies. `from_gguf` reads a tensor's
 raw blocks (the `gguf` package's reader hands them as bytes), `quantize` makes them from a float
 weight by llama.cpp's rounding (the `gguf` package's reference quantizer), `dequantize` gives the
 float weight back, `reference` computes what the kernel computes in float64 (the tests' oracle).
 
-`QuantLinear` is the projection over `Blocks` (`torch.ops.flashtree.qdense`, eager or compiled);
+`QuantLinear` is the projection over `Blocks` or `Panels` (`torch.ops.flashtree.qdense` or
+`qdense_panels`, eager or compiled);
 `QuantEmbedding` looks rows up and dequantizes them. Nothing here reads a file or decides which
 form a model takes (`gguf_weights.py` and the loader do).
 """
