@@ -76,6 +76,7 @@ def test_panels_keep_every_quant_and_scale(kind):
     w = quant.quantize(torch.randn(37, 544), kind)  # N not a multiple of 16: a padded last panel
     p = quant.to_panels(w)
     assert p.qs.shape == (3, 17, 256 if kind != "q8_0" else 512) and p.d.shape == (3, 17, 16)
+    assert torch.equal(quant.to_panels(quant.interleave(w)).qs, p.qs)  # from rows by eights alike
     back = p.to_blocks()
     assert torch.equal(back.qs, w.qs) and torch.equal(back.d, w.d)
     assert (w.m is None and back.m is None) or torch.equal(back.m, w.m)
