@@ -31,8 +31,6 @@
 
 #include "cpu_kernels.h"
 
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -139,12 +137,6 @@ bool cpu_has_bf16_dot() {
 
 #define FT_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 
-struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // AMX on this CPU, with the OS's permission for this process's tile data (Linux asks for it),
 // unless FLASHTREE_ISA names a lower path. A one-row call costs about what vdpbf16ps's does (plain decoding
 // within noise of it; it cost 1.3x before tiles prefetched and held just the M rows), and a
@@ -154,8 +146,7 @@ bool amx_ready() {
   static const bool ok = [] {
     if (!flashtree_kernels::isa_allows("amx")) return false;
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+    return flashtree_kernels::tile_data_granted();
   }();
   return ok;
 }
@@ -166,7 +157,7 @@ bool amx_ready() {
 // multiplies 15 rows of zeros.
 FT_AMX void amx_rows(const uint32_t* x, int64_t K2, int64_t M, int64_t Mp, const uint16_t* wp, int64_t np,
                      uint16_t* y, int64_t ldy, const float* bias, int64_t ncols) {
-  TileConfig cfg;
+  flashtree_kernels::TileConfig cfg;
   const int tr = static_cast<int>(std::min<int64_t>(16, Mp));  // rows of x a tile holds: M when M <= 16
   for (int t = 0; t < 7; ++t) cfg.rows[t] = t < 5 ? tr : 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);

@@ -1,6 +1,8 @@
 // What the CPU kernels share between their files (one library, built together by cpu_dense.py).
 #pragma once
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -66,6 +68,19 @@ inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// The AMX tile configuration (palette 1), as ldtilecfg reads it (cpu_dense_bf16.cpp, cpu_quant_amx.cpp).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Whether Linux grants this process AMX's tile data (each kernel asks once and keeps the answer).
+inline bool tile_data_granted() {
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
 }
 
 constexpr int kBlock = 32;  // weights per GGUF block (cpu_quant.cpp, cpu_quant_amx.cpp)

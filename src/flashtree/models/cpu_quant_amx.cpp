@@ -26,8 +26,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "cpu_kernels.h"
 
@@ -46,12 +44,6 @@ constexpr int64_t kAhead = 2048;
 
 #define FT_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 
-struct alignas(64) TileConfig {  // the AMX tile configuration (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // AMX-INT8 on this CPU, with the OS's permission for this process's tile data, unless
 // FLASHTREE_ISA names a lower path.
 bool amx_int8_ready() {
@@ -60,8 +52,7 @@ bool amx_int8_ready() {
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
       return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+    return flashtree_kernels::tile_data_granted();
   }();
   return ok;
 }
@@ -69,7 +60,7 @@ bool amx_int8_ready() {
 // Tiles: 0 and 3 a block's sums [mt, 16] int32, 1 and 4 its x rows [mt, 32] int8, 2 and 5 its
 // weights [8, 64] (two blocks in flight).
 FT_AMX void configure(int mt) {
-  TileConfig cfg;
+  flashtree_kernels::TileConfig cfg;
   for (int t : {0, 3}) cfg.rows[t] = mt, cfg.colsb[t] = 64;
   for (int t : {1, 4}) cfg.rows[t] = mt, cfg.colsb[t] = 32;
   for (int t : {2, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
@@ -110,7 +101,7 @@ FT_AMX inline void add_block(__m512* acc, const int32_t* c, int mt, const uint16
 template <bool Q4>
 FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, int64_t K, int64_t nbp,
                    const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t p0, int64_t p1, float* y,
-                   int64_t ldy, int64_t N, const float* bias, bool prefetch) {
+                   int64_t N, const float* bias, bool prefetch) {
   constexpr int64_t QB = Q4 ? 256 : 512;  // bytes of a panel block's quants
   const int64_t nb = K / kB;
   alignas(64) uint8_t wbuf[2][2][512];  // q4: the next two blocks unpacked while the tiles take these two
@@ -173,7 +164,7 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
     const int64_t n0 = p * kP, nc = std::min<int64_t>(kP, N - n0);
     const __mmask16 keep = static_cast<__mmask16>((1u << nc) - 1);
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(keep, bias + n0) : _mm512_setzero_ps();
-    for (int t = 0; t < mt; ++t) _mm512_mask_storeu_ps(y + t * ldy + n0, keep, bias ? _mm512_add_ps(acc[t], bv) : acc[t]);
+    for (int t = 0; t < mt; ++t) _mm512_mask_storeu_ps(y + t * N + n0, keep, bias ? _mm512_add_ps(acc[t], bv) : acc[t]);
   }
 }
 
@@ -229,9 +220,9 @@ at::Tensor qdense_panels(const at::Tensor& x, const at::Tensor& qs, const at::Te
       const int8_t* xt = xq.data() + t0 * K;
       const float *dt0 = xd.data() + t0 * nbp, *st0 = xs.data() + t0 * nbp;
       if (q4)
-        panels<true>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, N, bp, t0 == 0);
+        panels<true>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
       else
-        panels<false>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, N, bp, t0 == 0);
+        panels<false>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
     }
   });
   return dt == at::kFloat ? y : y.to(dt);

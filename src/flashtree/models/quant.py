@@ -356,7 +356,8 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("qs", w.qs)
         self.register_buffer("d", w.d)
         self.register_buffer("m", w.m)
-        self.register_buffer("plain", torch.from_numpy(np.argsort(order_by_eights(w.shape[1]))), persistent=False)
+        if not self.panels:  # where each weight-order quant sits in a row by eights
+            self.register_buffer("plain", torch.from_numpy(np.argsort(order_by_eights(w.shape[1]))), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK
