@@ -80,6 +80,11 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
         raise ConfigError(f"quant '{quant}' is not supported; use blocks, none or one of {', '.join(q.QUANTS)}")
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
+    # the tensor table alone is kept: the reader holds the metadata as ~100k small numpy arrays (the
+    # tokenizer's vocabulary and merges, 160 MB for SmolLM2's file), freed before any weight is read
+    table = [(t.name, t.tensor_type, tuple(int(x) for x in t.shape), int(t.data_offset), int(t.n_bytes))
+             for t in reader.tensors]
+    del reader
     cfg = model.config
     dtype = dtype or next(p for p in model.parameters()).dtype
     params = dict(model.named_parameters())
@@ -88,33 +93,35 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     costly: dict[str, int] = {}
     seen: set[str] = set()
     with open(src, "rb") as file:
-        for t in reader.tensors:
-            name = hf_name(t.name)
+        for gguf_name, gguf_type, shape, offset, n_bytes in table:
+            name = hf_name(gguf_name)
             if name is None:
                 continue
-            kind = t.tensor_type.name.lower()
-            n, k = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
+            kind = gguf_type.name.lower()
+            n, k = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
             order = None
             if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
                 order = unpermute_rows(n, heads)
-            matrix = len(t.shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
+            matrix = len(shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
             keep = matrix and kind in q.KINDS and quant == "blocks"
+            raw = np.empty(n_bytes, np.uint8)  # rows of the file's bytes, [N, bytes a row]
+            file.seek(offset)
+            if file.readinto(raw) != raw.size:
+                raise ConfigError(f"{src}: tensor '{gguf_name}' runs past the end of the file")
+            raw = raw.reshape(n if len(shape) == 2 else 1, -1)
             if keep:
-                raw = np.empty(int(t.n_bytes), np.uint8)
-                file.seek(int(t.data_offset))
-                if file.readinto(raw) != raw.size:
-                    raise ConfigError(f"{src}: tensor '{t.name}' runs past the end of the file")
-                blocks = q.from_gguf(raw.reshape(n, -1), kind, n, k)
+                blocks = q.from_gguf(raw, kind, n, k)
                 del raw
                 if order is not None:
                     blocks = blocks.rows(torch.from_numpy(order))
             else:
                 if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
                     costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
-                w = dequantize(np.asarray(t.data), t.tensor_type)
+                w = dequantize(raw, gguf_type)
+                del raw
                 w = torch.from_numpy(np.ascontiguousarray(w).astype(np.float32))
-                w = w.reshape(n, k) if len(t.shape) == 2 else w.reshape(n)
+                w = w.reshape(n, k) if len(shape) == 2 else w.reshape(n)
                 if order is not None:
                     w = w[torch.from_numpy(order)]
                 if matrix and quant in q.QUANTS:
@@ -135,11 +142,11 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
             else:
                 forms["float"] = forms.get("float", 0) + 1
                 if name not in params:
-                    raise ConfigError(f"{src}: tensor '{t.name}' ({name}) is not a weight of the model its metadata "
+                    raise ConfigError(f"{src}: tensor '{gguf_name}' ({name}) is not a weight of the model its metadata "
                                       f"describes")
                 p = params[name]
                 if tuple(p.shape) != tuple(w.shape):
-                    raise ConfigError(f"{src}: tensor '{t.name}' has shape {list(w.shape)}, the config implies "
+                    raise ConfigError(f"{src}: tensor '{gguf_name}' has shape {list(w.shape)}, the config implies "
                                       f"{list(p.shape)}")
                 owner, _, leaf = name.rpartition(".")
                 setattr(model.get_submodule(owner), leaf, nn.Parameter(w.to(dtype), requires_grad=False))

@@ -238,16 +238,16 @@ class Panels:
 
     def row_values(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Rows `ids` [L]: quants [L, K/32, 32] in weight order (q4: 0..15), scales and offsets [L, K/32] float16."""
-        p, c = ids // PANEL, ids % PANEL
-        nb = self.qs.shape[1]
+        p, c = ids // PANEL, ids % PANEL   # each row's panel and its column there
+        # panel and column indexed together (two index tensors apart: their row dimension comes first):
+        # only the rows' own bytes are copied, not their whole panels (16x: SmolLM2's draft rows of its
+        # head took 300 MB that way)
         if self.qs.dtype == torch.uint8:
-            b = self.qs[p].unflatten(-1, (4, PANEL, 4))                         # [L, nb, 4 row pairs, 16, 4]
-            b = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 4, 1, 4)).squeeze(3)   # [L, nb, 4, 4]
+            b = self.qs.unflatten(-1, (4, PANEL, 4))[p, :, :, c]                # [L, nb, 4 row pairs, 4]
             q = torch.stack([b & 15, b >> 4], dim=3)                            # [L, nb, 4, 2, 4]: weight order
         else:
-            b = self.qs[p].unflatten(-1, (8, PANEL, 4))                         # [L, nb, 8, 16, 4]
-            q = b.gather(3, c.view(-1, 1, 1, 1, 1).expand(-1, nb, 8, 1, 4)).squeeze(3)
-        pick = lambda s: None if s is None else s[p].gather(2, c.view(-1, 1, 1).expand(-1, nb, 1)).squeeze(2)
+            q = self.qs.unflatten(-1, (8, PANEL, 4))[p, :, :, c]                # [L, nb, 8, 4]
+        pick = lambda s: None if s is None else s[p, :, c]                      # [L, nb]
         return q.flatten(2), pick(self.d), pick(self.m)
 
     def rows(self, ids: torch.Tensor) -> Blocks:
