@@ -151,6 +151,11 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
   // vpdpbusd adds into its accumulator (5 cycles' latency): two sums per output, even and odd
   // groups, keep two chains in flight; maddubs + madd are off the chain, one sum suffices
   constexpr int H = VNNI ? 2 : 1;
+  // q4 on AVX2: maddubs's int16 pair sums add up in int16 over a superblock's 8 groups and one
+  // madd widens them: a pair is at most 2 * 15 * 127 = 3,810, eight of them 30,480 < 32,767, so
+  // the int32 block sums are the same exact integers, with one madd a superblock instead of
+  // eight (maddubs and madd share two ports; q8's pairs reach 32,512 and take a madd each)
+  constexpr bool kWide16 = Q4 && !VNNI;
   for (int64_t sb = 0; sb < S; ++sb) {
     __m256i isum[H][MR][NR];
 #pragma GCC unroll 16
@@ -179,11 +184,19 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
             operands<Q4>(w, xv[i], u, sg);
             if constexpr (VNNI)
               isum[h][i][j] = dot4_vnni(isum[h][i][j], u, sg);
+            else if constexpr (kWide16)
+              isum[h][i][j] = _mm256_add_epi16(isum[h][i][j], _mm256_maddubs_epi16(u, sg));  // int16 pair sums
             else
               isum[h][i][j] = _mm256_add_epi32(isum[h][i][j], dot4(u, sg));
           }
         }
       }
+    }
+    if constexpr (kWide16) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) isum[0][i][j] = _mm256_madd_epi16(isum[0][i][j], _mm256_set1_epi16(1));
     }
     if constexpr (H == 2) {
 #pragma GCC unroll 16
