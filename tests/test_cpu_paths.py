@@ -162,8 +162,12 @@ out = {"dot": torch.ops.flashtree.qdense_dot(), "sha": {}}
 for kind in quant.KINDS:  # 17 blocks: two runs of eight and a tail
     w = quant.interleave(quant.quantize(torch.randn(40, 544, generator=g), kind))
     for m in (1, 5, 9):
-        y = torch.ops.flashtree.qdense(torch.randn(m, 544, generator=g), w.qs, w.d, w.m, None)
+        x = torch.randn(m, 544, generator=g)
+        y = torch.ops.flashtree.qdense(x, w.qs, w.d, w.m, None)
         out["sha"][f"{kind} {m}"] = hashlib.sha1(y.numpy().tobytes()).hexdigest()
+        if w.m is not None:  # float32 scales (a Q4_K's form) holding the same values: the same bits
+            y32 = torch.ops.flashtree.qdense(x, w.qs, w.d.float(), w.m.float(), None)
+            assert torch.equal(y32, y), "float32 scales changed the sums"
 print(json.dumps(out))
 """
 

@@ -35,12 +35,30 @@ FORMS = ["eights", pytest.param("panels", marks=pytest.mark.skipif(
     not (cpu_dense.available() and quant.panels_ready()), reason="AMX-INT8 tiles need the amx path and amx_int8"))]
 
 
+def random_q4_k(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """A Q4_K tensor's raw bytes [n, k/256 * 144]: random quants, 6-bit scales and mins, and
+    float16 super-block scales d, dmin in [0.001, 0.01) (every byte pattern is a valid block)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n, k // 256, quant.Q4_K_BYTES), dtype=np.uint8)
+    for at in (0, 2):  # d, then dmin
+        raw[..., at:at + 2] = rng.uniform(0.001, 0.01, (n, k // 256)).astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def _blocks(kind: str, n: int, k: int, seed: int) -> quant.Blocks:
+    if kind == "q4_k":
+        return quant.from_gguf(random_q4_k(n, k, seed), kind, n, k)
+    torch.manual_seed(seed)
+    return quant.quantize(torch.randn(n, k) * 0.05, kind)
+
+
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("kind", quant.KINDS)
-@pytest.mark.parametrize("n, k", [(37, 64), (96, 256), (130, 1536), (20, 576), (16, 96)])  # runs of 8, tails, odd nb
+@pytest.mark.parametrize("kind, n, k", [(kind, n, k) for kind in quant.KINDS  # runs of 8, tails, odd nb
+                                        for n, k in [(37, 64), (96, 256), (130, 1536), (20, 576), (16, 96)]]
+                         + [("q4_k", n, k) for n, k in [(37, 256), (130, 1536), (20, 768)]])  # float32 scales
 def test_kernel_matches_float64_reference_and_is_batch_invariant(kind, n, k, form):
+    w = _blocks(kind, n, k, n + k)
     torch.manual_seed(n + k)
-    w = quant.quantize(torch.randn(n, k) * 0.05, kind)
     bias = torch.randn(n)
     x = torch.randn(37, k)  # past two tiles of 16 rows
     x[3, :32] = 0  # an all-zero block: scale 0
@@ -162,6 +180,26 @@ def test_blocks_read_as_gguf_dequantizes_them(kind):
     assert blocks.rows(torch.tensor([3, 1])).dequantize().equal(blocks.dequantize()[[3, 1]])
 
 
+def test_q4_k_reads_as_gguf_dequantizes_it():
+    """A Q4_K tensor kept as sub-blocks of 32 (float32 d sc and -dmin mn) gives the `gguf`
+    package's dequantized weights bit for bit; rows, panels and an embedding lookup keep them."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    raw = random_q4_k(40, 512, seed=4)
+    blocks = quant.from_gguf(raw, "q4_k", 40, 512)
+    assert blocks.kind == "q4_k" and blocks.d.dtype == blocks.m.dtype == torch.float32
+    want = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K))
+    assert torch.equal(blocks.dequantize(), want)
+    # negative control: the scales rounded to float16 (what the other kinds store) move the weights
+    rounded = quant.Blocks("q4_k", blocks.qs, blocks.d.half(), blocks.m.half())
+    assert not torch.equal(rounded.dequantize(), want)
+    assert torch.equal(blocks.rows(torch.tensor([7, 2])).dequantize(), want[[7, 2]])
+    assert torch.equal(quant.to_panels(blocks).to_blocks().dequantize(), want)
+    assert torch.equal(quant.QuantEmbedding(blocks, torch.float32)(torch.tensor([[5, 39]])), want[[5, 39]][None])
+    with pytest.raises(ValueError, match="not whole super-blocks of 256"):
+        quant.from_gguf(raw[:, :144], "q4_k", 40, 288)
+
+
 @pytest.mark.parametrize("k", [32, 256, 288, 576, 1536])
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
 def test_by_eights_layout_keeps_every_quant(kind, k):
@@ -217,7 +255,10 @@ def _write_gguf(path, target, kinds, arch="qwen3"):
         if a.ndim == 2:
             kind = GGMLQuantizationType[kinds[i % len(kinds)].upper()]
             i += 1
-            writer.add_tensor(gname, quantize(np.ascontiguousarray(a), kind), raw_dtype=kind)
+            # (the gguf package has no Q4_K quantizer: random blocks of the weight's shape)
+            raw = random_q4_k(*a.shape, seed=i) if kind == GGMLQuantizationType.Q4_K else \
+                quantize(np.ascontiguousarray(a), kind)
+            writer.add_tensor(gname, raw, raw_dtype=kind)
         else:
             writer.add_tensor(gname, np.ascontiguousarray(a))
     writer.write_header_to_file()
@@ -263,11 +304,60 @@ def test_gguf_blocks_load_into_the_model(models, tmp_path, arch):
     assert torch.equal(emb, floats.model.embed_tokens(ids))
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_a_q4_k_gguf_loads_with_its_sub_blocks_kept(tmp_path, arch):
+    """Q4_K projections (rows of whole super-blocks: a model 256 wide) load as q4_k blocks, a
+    float load of the same file gives the same weights, and the model decodes on them."""
+    from flashtree.config import ModelConfig
+    from flashtree.models.target import TargetModel
+    raw = dict(model_type=arch, vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=64,
+               tie_word_embeddings=True)
+    cfg = ModelConfig.from_dict(raw, source="<q4_k target>")
+    torch.manual_seed(0)
+    f = tmp_path / "q4_k.gguf"
+    _write_gguf(f, TargetModel(cfg), ["q4_k"], arch)
+
+    def fresh():
+        with torch.device("meta"):
+            m = TargetModel(cfg)
+        m = m.to_empty(device="cpu").float()
+        m.lm_head.weight = m.model.embed_tokens.weight
+        return m
+
+    kept, floats = fresh(), fresh()
+    mats = 7 * 2 + 1
+    assert load_gguf_weights(kept, f, "blocks") == {"q4_k": mats, "float": 4 * 2 + 1 if arch == "qwen3" else 2 * 2 + 1}
+    assert load_gguf_weights(floats, f, None)["float"] > mats
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
+        got = kept.model.layers[1].get_submodule(name)
+        assert isinstance(got, quant.QuantLinear) and got.kind == "q4_k" and got.d.dtype == torch.float32
+        assert torch.equal(got.blocks.dequantize(), floats.model.layers[1].get_submodule(name).weight)
+    ids = torch.tensor([[5, 9, 33, 2, 71]])
+    assert torch.equal(kept.model.embed_tokens(ids), floats.model.embed_tokens(ids))
+    kept = kept.fuse()
+    out = _greedy(kept, None, "ar", 1, [[1, 2, 3]])[0][0]
+    assert len(out) == 24 and all(0 <= t < 96 for t in out)
+
+
+def _as_q4_k(target):
+    """target's q4_1 projections with float32 scales and offsets, as kind q4_k (a Q4_K file's form):
+    the same weights through the kernels' float32-scale path."""
+    for name, mod in list(target.named_modules()):
+        if isinstance(mod, quant.QuantLinear):
+            b = mod.blocks
+            parent, _, leaf = name.rpartition(".")
+            setattr(target.get_submodule(parent), leaf, quant.QuantLinear(
+                quant.Blocks("q4_k", b.qs, b.d.float(), b.m.float(), b.interleaved), mod.bias))
+    return target
+
+
 def _quantized(models, kind):
     import copy
     target = copy.deepcopy(models[0])
-    assert loader.quantize_projections(target, kind) == 7 * target.config.num_hidden_layers + 1  # + the head
-    return target.fuse(), models[1]
+    base = "q4_1" if kind == "q4_k" else kind
+    assert loader.quantize_projections(target, base) == 7 * target.config.num_hidden_layers + 1  # + the head
+    return (_as_q4_k(target) if kind == "q4_k" else target).fuse(), models[1]
 
 
 def _greedy(target, drafter, method, batch, ps, budget=None):
@@ -279,7 +369,7 @@ def _greedy(target, drafter, method, batch, ps, budget=None):
     return [s.output_ids for s in seqs], [t for s in seqs for t in s.metrics.accept_lengths]
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_every_method_equals_plain_on_a_quantized_target(models, kind, batch):
     import random

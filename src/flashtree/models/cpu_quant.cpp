@@ -1,4 +1,5 @@
-// flashtree::qdense — y = x @ W^T + b for a weight kept in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1),
+// flashtree::qdense — y = x @ W^T + b for a weight kept in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1;
+// Q4_K as its sub-blocks of 32 with float32 scales),
 // by integer dot products (AVX2; AVX512-VNNI's vpdpbusd where the path and the CPU have it).
 //
 // Why: a decode step streams every weight once; in Q4_1 a weight is 5-6 bits instead of bf16's
@@ -8,7 +9,8 @@
 // Layout (made by quant.py from the file's blocks, once at load): qs [N, K] int8 (q8) or
 // [N, K/2] uint8 (q4: each 16 bytes hold 16 quants in their low nibbles and the next 16 in their
 // high ones, as GGUF stores a block), the quants of each run of 8 blocks interleaved (`tile`);
-// d [N, nbp] float16 block scales (the file's) and, for Q4_1, m [N, nbp] float16 block offsets,
+// d [N, nbp] block scales (the file's float16, or float32 for a K-quant's sub-blocks) and, for Q4_1, m
+// [N, nbp] block offsets of d's type,
 // zero past the nb = K/32 blocks up to nbp = a multiple of 8. A q4 weight is d q + m with q in
 // 0..15 (Q4_0: m = -8 d); a q8 weight is d q with q in -128..127.
 //
@@ -72,14 +74,19 @@ inline __m256i unpack_q4(const uint8_t* p) {
 constexpr int64_t kAheadQ = 2048;
 constexpr int64_t kAheadS = 512;
 
-// Eight float16 scales (bits) as float32.
-inline __m256 halves8(const uint16_t* p) {
+// Eight block scales as float32: float16 (bits; the file's Q8_0 / Q4_0 / Q4_1) or float32 (a
+// K-quant's sub-block scales, d x a 6-bit scale: exact in float32, not in float16).
+inline __m256 scales8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline __m256 scales8(const float* p) { return _mm256_loadu_ps(p); }
+inline float scale1(const uint16_t* p) { return _cvtsh_ss(*p); }
+inline float scale1(const float* p) { return *p; }
 
 // Eight q4 block offsets from index i: Q4_1's stored m, or Q4_0's -8 d (m null; exact: a power of two).
-inline __m256 offsets8(const uint16_t* m, __m256 dv, int64_t i) {
-  return m ? halves8(m + i) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+template <typename Sc>
+inline __m256 offsets8(const Sc* m, __m256 dv, int64_t i) {
+  return m ? scales8(m + i) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
 }
 
 // Bytes of quants a block takes in a row.
@@ -137,10 +144,10 @@ bool vnni_ready() {
 // (d[8s..8s+8) xd[8s..8s+8), two vector loads) add the superblock to the float sums: the float
 // work of eight blocks in two instructions. The nb % 8 blocks after are stored plainly and added
 // one by one (their sum broadcast by its scale).
-template <int MR, int NR, bool Q4, bool VNNI>
+template <int MR, int NR, bool Q4, bool VNNI, typename Sc>
 inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
-                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const uint16_t* __restrict d,
-                 const uint16_t* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
+                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const Sc* __restrict d,
+                 const Sc* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
   constexpr int64_t BB = block_bytes<Q4>();
   const int64_t nb = K / kB, S = nb / 8;
   __m256 acc[MR][NR];
@@ -208,7 +215,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
     for (int j = 0; j < NR; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
       if (m) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
-      const __m256 dv = halves8(d + j * nbp + 8 * sb);
+      const __m256 dv = scales8(d + j * nbp + 8 * sb);
       const __m256 mv = Q4 ? offsets8(m, dv, j * nbp + 8 * sb) : dv;
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
@@ -222,7 +229,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       const __m256i w = weight_bytes<Q4>(qs + j * ldq + b * BB);
-      const float dw = _cvtsh_ss(d[j * nbp + b]);
+      const float dw = scale1(d + j * nbp + b);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         __m256i u, sg;
@@ -235,7 +242,7 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
     if (8 * S < nb) {
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) {
-        const __m256 mv = offsets8(m, halves8(d + j * nbp + 8 * S), j * nbp + 8 * S);
+        const __m256 mv = offsets8(m, scales8(d + j * nbp + 8 * S), j * nbp + 8 * S);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * S), acc[i][j]);
       }
@@ -252,9 +259,9 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
 
 // Every x row against weight rows [n, n + 2) (n + 1 only when two): x rows four at a time (one
 // weight row each, both rows' bytes staying in L1), then the one to three left (two rows each).
-template <bool Q4, bool VNNI>
+template <bool Q4, bool VNNI, typename Sc>
 void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
-          int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N, const float* bias, int64_t n,
+          int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N, const float* bias, int64_t n,
           bool two) {
   auto at = [&](int64_t r) {  // weight row r's pointers
     return std::make_tuple(qs + r * ldq, d + r * nbp, m ? m + r * nbp : nullptr, bias ? bias + r : nullptr);
@@ -262,10 +269,10 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   const auto [q0, d0, m0, b0] = at(n);
   int64_t i = 0;
   for (; i + 4 <= M; i += 4) {
-    tile<4, 1, Q4, VNNI>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
+    tile<4, 1, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
     if (two) {
       const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<4, 1, Q4, VNNI>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
+      tile<4, 1, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
     }
   }
   const int8_t* xi = xq + i * K;
@@ -276,30 +283,30 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   if (left == 0) return;
   if (!two) {
     switch (left) {
-      case 3: tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      case 2: tile<2, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      default: tile<1, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      case 3: tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      case 2: tile<2, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+      default: tile<1, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
     }
     return;
   }
   switch (left) {
     case 3: {
       const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
-      tile<3, 1, Q4, VNNI>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
+      tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
+      tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
       break;
     }
-    case 2: tile<2, 2, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-    default: tile<1, 2, Q4, VNNI>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    case 2: tile<2, 2, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+    default: tile<1, 2, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
   }
 }
 
 // Every x row against weight rows [n0, n1), two at a time.
-template <bool Q4, bool VNNI>
+template <bool Q4, bool VNNI, typename Sc>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
-          const uint8_t* qs, int64_t ldq, const uint16_t* d, const uint16_t* m, float* y, int64_t N,
+          const uint8_t* qs, int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += 2) pair<Q4, VNNI>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
+  for (int64_t n = n0; n < n1; n += 2) pair<Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
 }
 
 // x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
@@ -327,12 +334,13 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   TORCH_CHECK(K % kB == 0, "flashtree::qdense: K must be a multiple of 32");
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::qdense: x has ", x.size(-1), " features, the weight ", K);
   const int64_t nbp = d.size(-1);
+  const bool f32 = d.scalar_type() == at::kFloat;
   TORCH_CHECK(d.dim() == 2 && d.size(0) == N && nbp % 8 == 0 && nbp >= K / kB && d.is_contiguous() &&
-                  d.scalar_type() == at::kHalf,
-              "flashtree::qdense: d must be [N, a multiple of 8 >= K/32] float16, contiguous");
+                  (d.scalar_type() == at::kHalf || f32),
+              "flashtree::qdense: d must be [N, a multiple of 8 >= K/32] float16 or float32, contiguous");
   TORCH_CHECK(q4 || !m.has_value(), "flashtree::qdense: m goes with q4 weights only");
   if (m.has_value())
-    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == at::kHalf,
+    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == d.scalar_type(),
                 "flashtree::qdense: m must be shaped and typed as d");
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "flashtree::qdense: bias must be [N]");
@@ -354,8 +362,6 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   }
   const float* bp = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   const uint8_t* q = reinterpret_cast<const uint8_t*>(qs.data_ptr());
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  const uint16_t* mp = m.has_value() ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t ldq = qs.size(1);
   const bool vnni = vnni_ready();
@@ -365,9 +371,15 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
     const int64_t n0 = 2 * flashtree_kernels::share_start(pairs, s0, shares);
     const int64_t n1 = std::min(N, 2 * flashtree_kernels::share_start(pairs, s1, shares));
-    auto run = [&](auto q4_, auto vnni_) {
-      rows<decltype(q4_)::value, decltype(vnni_)::value>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp, mp,
-                                                          yp, N, bp, n0, n1);
+    auto typed = [&](auto q4_, auto vnni_, const auto* dp) {
+      using Sc = std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>;
+      const Sc* mp = m.has_value() ? static_cast<const Sc*>(m->data_ptr()) : nullptr;
+      rows<decltype(q4_)::value, decltype(vnni_)::value, Sc>(xq.data(), xd.data(), xs.data(), M, K, nbp, q, ldq, dp,
+                                                              mp, yp, N, bp, n0, n1);
+    };
+    auto run = [&](auto q4_, auto vnni_) {  // the scales' type: float32 (a K-quant's) or float16 bits
+      if (f32) typed(q4_, vnni_, static_cast<const float*>(d.data_ptr()));
+      else typed(q4_, vnni_, static_cast<const uint16_t*>(d.data_ptr()));
     };
     if (vnni)
       q4 ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{});

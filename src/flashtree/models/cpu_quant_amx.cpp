@@ -1,4 +1,5 @@
-// flashtree::qdense_panels — y = x @ W^T + b for a weight in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1)
+// flashtree::qdense_panels — y = x @ W^T + b for a weight in GGUF blocks of 32 (Q8_0, Q4_0, Q4_1;
+// Q4_K as its sub-blocks of 32 with float32 scales)
 // laid out in panels of 16 rows, by AMX-INT8 tiles.
 //
 // Why: cpu_quant.cpp's vector kernels multiply a block's quants once per row of x, so a verify of
@@ -11,7 +12,7 @@
 // each panel's blocks in turn; a panel's block is the tile's B operand in AMX's VNNI order, row r
 // (of 8) holding weights 4r..4r+3 of each of the 16 weight rows, 64 bytes a row: q8 as int8 (512
 // bytes), q4 as nibbles (256 bytes: B rows 2i and 2i+1 in the low and high nibbles of bytes
-// 64i..64i+63). d, m [P, nb, 16] float16: the block scales (and Q4_1 offsets) of a panel's 16
+// 64i..64i+63). d, m [P, nb, 16] float16 (float32 for a K-quant): the block scales (and Q4_1 offsets) of a panel's 16
 // rows, so one 32-byte load gives a block's 16 scales.
 //
 // x is quantized per row in blocks of 32 as for the vector kernels (`quantize_row`), then
@@ -31,6 +32,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -79,15 +81,20 @@ FT_AMX inline void unpack_q4(const uint8_t* src, uint8_t* dst) {
   }
 }
 
+// A panel block's 16 scales as float32: float16 bits (the file's) or float32 (a K-quant's sub-blocks).
+FT_AMX inline __m512 scales16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+FT_AMX inline __m512 scales16(const float* p) { return _mm512_loadu_ps(p); }
+
 // acc[t] (16 lanes: the panel's rows) += block b's sums c [mt, 16] by its scales, in the fixed order.
-template <bool Q4>
-FT_AMX inline void add_block(__m512* acc, const int32_t* c, int mt, const uint16_t* d, const uint16_t* m,
+template <bool Q4, typename Sc>
+FT_AMX inline void add_block(__m512* acc, const int32_t* c, int mt, const Sc* d, const Sc* m,
                              const float* xd, const float* xs, int64_t nbp, int64_t b) {
-  const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+  const __m512 dv = scales16(d);
   __m512 mv = dv;
   if constexpr (Q4)
-    mv = m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)))
-           : _mm512_mul_ps(dv, _mm512_set1_ps(-8.0f));  // Q4_0: -8 d (exact)
+    mv = m ? scales16(m) : _mm512_mul_ps(dv, _mm512_set1_ps(-8.0f));  // Q4_0: -8 d (exact)
 #pragma GCC unroll 16
   for (int t = 0; t < kP; ++t) {
     if (t >= mt) break;
@@ -98,9 +105,9 @@ FT_AMX inline void add_block(__m512* acc, const int32_t* c, int mt, const uint16
 }
 
 // One thread's panels [p0, p1) for x rows [t0, t0 + mt) (mt <= 16; the tiles configured for mt).
-template <bool Q4>
+template <bool Q4, typename Sc>
 FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, int64_t K, int64_t nbp,
-                   const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t p0, int64_t p1, float* y,
+                   const uint8_t* qs, const Sc* d, const Sc* m, int64_t p0, int64_t p1, float* y,
                    int64_t N, const float* bias, bool prefetch) {
   constexpr int64_t QB = Q4 ? 256 : 512;  // bytes of a panel block's quants
   const int64_t nb = K / kB;
@@ -108,8 +115,8 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
   alignas(64) int32_t cbuf[2][kP * kP];
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* qp = qs + p * nb * QB;
-    const uint16_t* dp = d + p * nb * kP;
-    const uint16_t* mp = m ? m + p * nb * kP : nullptr;
+    const Sc* dp = d + p * nb * kP;
+    const Sc* mp = m ? m + p * nb * kP : nullptr;
     __m512 acc[kP];
 #pragma GCC unroll 16
     for (int t = 0; t < kP; ++t) acc[t] = _mm512_setzero_ps();
@@ -145,8 +152,8 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
       }
       _tile_stored(0, cbuf[0], 64);
       _tile_stored(3, cbuf[1], 64);
-      add_block<Q4>(acc, cbuf[0], mt, dp + b * kP, mp ? mp + b * kP : nullptr, xd, xs, nbp, b);
-      add_block<Q4>(acc, cbuf[1], mt, dp + (b + 1) * kP, mp ? mp + (b + 1) * kP : nullptr, xd, xs, nbp, b + 1);
+      add_block<Q4, Sc>(acc, cbuf[0], mt, dp + b * kP, mp ? mp + b * kP : nullptr, xd, xs, nbp, b);
+      add_block<Q4, Sc>(acc, cbuf[1], mt, dp + (b + 1) * kP, mp ? mp + (b + 1) * kP : nullptr, xd, xs, nbp, b + 1);
     }
     if (b < nb) {  // an odd block count's last
       if constexpr (Q4) {
@@ -159,7 +166,7 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
       _tile_zero(0);
       if constexpr (Q4) _tile_dpbsud(0, 1, 2); else _tile_dpbssd(0, 1, 2);
       _tile_stored(0, cbuf[0], 64);
-      add_block<Q4>(acc, cbuf[0], mt, dp + b * kP, mp ? mp + b * kP : nullptr, xd, xs, nbp, b);
+      add_block<Q4, Sc>(acc, cbuf[0], mt, dp + b * kP, mp ? mp + b * kP : nullptr, xd, xs, nbp, b);
     }
     const int64_t n0 = p * kP, nc = std::min<int64_t>(kP, N - n0);
     const __mmask16 keep = static_cast<__mmask16>((1u << nc) - 1);
@@ -169,7 +176,7 @@ FT_AMX void panels(const int8_t* xq, const float* xd, const float* xs, int mt, i
 }
 
 // x [..., K] float32, bfloat16 or float64 (quantized from float32 all the same); qs [P, K/32, 512]
-// int8 (q8) or [P, K/32, 256] uint8 (q4); d, m [P, K/32, 16] float16 (m: Q4_1 only); bias [N] or
+// int8 (q8) or [P, K/32, 256] uint8 (q4); d, m [P, K/32, 16] float16 or float32 (m: Q4_1 only); bias [N] or
 // none; n = N <= 16 P -> [..., N] in x's dtype.
 at::Tensor qdense_panels(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const std::optional<at::Tensor>& m,
                          const std::optional<at::Tensor>& bias, int64_t n) {
@@ -184,12 +191,13 @@ at::Tensor qdense_panels(const at::Tensor& x, const at::Tensor& qs, const at::Te
   const int64_t P = qs.size(0), nb = qs.size(1), K = nb * kB, N = n;
   TORCH_CHECK(N > 16 * (P - 1) && N <= 16 * P, "flashtree::qdense_panels: n must be within the last panel");
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "flashtree::qdense_panels: x has ", x.size(-1), " features, the weight ", K);
+  const bool f32 = d.scalar_type() == at::kFloat;
   TORCH_CHECK(d.dim() == 3 && d.size(0) == P && d.size(1) == nb && d.size(2) == kP && d.is_contiguous() &&
-                  d.scalar_type() == at::kHalf,
-              "flashtree::qdense_panels: d must be [P, K/32, 16] float16, contiguous");
+                  (d.scalar_type() == at::kHalf || f32),
+              "flashtree::qdense_panels: d must be [P, K/32, 16] float16 or float32, contiguous");
   TORCH_CHECK(q4 || !m.has_value(), "flashtree::qdense_panels: m goes with q4 weights only");
   if (m.has_value())
-    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == at::kHalf,
+    TORCH_CHECK(m->sizes() == d.sizes() && m->is_contiguous() && m->scalar_type() == d.scalar_type(),
                 "flashtree::qdense_panels: m must be shaped and typed as d");
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "flashtree::qdense_panels: bias must be [N]");
@@ -208,8 +216,6 @@ at::Tensor qdense_panels(const at::Tensor& x, const at::Tensor& qs, const at::Te
   for (int64_t i = 0; i < M; ++i) flashtree_kernels::quantize_row(xp + i * K, K, &xq[i * K], &xd[i * nbp], &xs[i * nbp], nbp);
   const float* bp = bias.has_value() ? b2.data_ptr<float>() : nullptr;
   const uint8_t* q = reinterpret_cast<const uint8_t*>(qs.data_ptr());
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  const uint16_t* mp = m.has_value() ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t shares = flashtree_kernels::panel_shares(P, 8, M * N * K, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
@@ -219,10 +225,16 @@ at::Tensor qdense_panels(const at::Tensor& x, const at::Tensor& qs, const at::Te
       configure(mt);
       const int8_t* xt = xq.data() + t0 * K;
       const float *dt0 = xd.data() + t0 * nbp, *st0 = xs.data() + t0 * nbp;
-      if (q4)
-        panels<true>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
-      else
-        panels<false>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
+      auto run = [&](const auto* dp) {  // the scales' type: float32 (a K-quant's) or float16 bits
+        using Sc = std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>;
+        const Sc* mp = m.has_value() ? static_cast<const Sc*>(m->data_ptr()) : nullptr;
+        if (q4)
+          panels<true, Sc>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
+        else
+          panels<false, Sc>(xt, dt0, st0, mt, K, nbp, q, dp, mp, p0, p1, yp + t0 * N, N, bp, t0 == 0);
+      };
+      if (f32) run(static_cast<const float*>(d.data_ptr()));
+      else run(static_cast<const uint16_t*>(d.data_ptr()));
     }
   });
   return dt == at::kFloat ? y : y.to(dt);

@@ -3,10 +3,10 @@
 `load_gguf_weights(model, src, quant)` reads every tensor of a llama / qwen2 / qwen3 `.gguf`
 (the `gguf` package's reader for the layout; a kept tensor's bytes read once into its blocks)
 under its HF name:
-- `quant="blocks"`: Q8_0 / Q4_0 / Q4_1 projections and embeddings stay in their blocks
-  (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks);
-  any other type (K-quants, F16, ...) is dequantized into the model's dtype, with one warning
-  naming the types and what they cost;
+- `quant="blocks"`: Q8_0 / Q4_0 / Q4_1 / Q4_K projections and embeddings stay in their blocks
+  (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks; Q4_K
+  as its sub-blocks of 32); any other type (Q5_K, Q6_K, F16, ...) is dequantized into the
+  model's dtype, with one warning naming the types and what they cost;
 - `quant=None`: every tensor dequantized into the model's dtype (what a float checkpoint gives);
 - `quant="q8_0" | "q4_0"`: every projection quantized to that type at load (llama.cpp's rounding),
   kept types included (a Q4_1 file asked for q8_0 is dequantized first: no bits come back).
@@ -104,7 +104,7 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                 heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
                 order = unpermute_rows(n, heads)
             matrix = len(shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
-            keep = matrix and kind in q.KINDS and quant == "blocks"
+            keep = matrix and kind in q.KEPT and quant == "blocks"
             raw = np.empty(n_bytes, np.uint8)  # rows of the file's bytes, [N, bytes a row]
             file.seek(offset)
             if file.readinto(raw) != raw.size:
@@ -116,7 +116,7 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                 if order is not None:
                     blocks = blocks.rows(torch.from_numpy(order))
             else:
-                if matrix and kind not in ("f32", "f16", "bf16") + q.KINDS and quant == "blocks":
+                if matrix and kind not in ("f32", "f16", "bf16") + q.KEPT and quant == "blocks":
                     costly[kind.upper()] = costly.get(kind.upper(), 0) + 1
                 w = dequantize(raw, gguf_type)
                 del raw
@@ -162,6 +162,6 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
         log.warning("%s: %s tensor(s) dequantized to %s at load (flashtree keeps %s in their blocks): each "
                     "streams %s the bytes its blocks would", src.name,
                     ", ".join(f"{v} {k_}" for k_, v in costly.items()), str(dtype).removeprefix("torch."),
-                    ", ".join(x.upper() for x in q.KINDS), "2-4x" if dtype != torch.float32 else "4-8x")
+                    ", ".join(x.upper() for x in q.KEPT), "2-4x" if dtype != torch.float32 else "4-8x")
     return forms
 

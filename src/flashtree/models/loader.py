@@ -154,7 +154,7 @@ def bf16_fits_cache(bf16_bytes: int | None, cache_bytes: int | None) -> bool:
 
 
 def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str | None, str]:
-    """quant='auto': ("blocks": a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks kept, or None: float
+    """quant='auto': ("blocks": a GGUF file's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks kept, or None: float
     weights in the model's dtype; why). Blocks wherever the integer kernel runs. On the amx path
     they run on AMX-INT8 tiles (`quant.panels_ready`), which verify a tree at 1.4-1.8x a step and
     beat bf16 at every row count measured (SmolLM2 included: benchmarks/amx_int8_2026-12-07);
@@ -175,9 +175,9 @@ def auto_quant(device: torch.device, bf16_bytes: int | None = None) -> tuple[str
     if why is not None:
         return None, f"the CPU kernel is not available ({why})"
     if quant.panels_ready():
-        return "blocks", ("the amx path: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied on AMX-INT8 tiles "
+        return "blocks", ("the amx path: a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks kept, multiplied on AMX-INT8 tiles "
                           "(a third to half the bytes of bf16 a step, and a verify of 8 rows at 1.4-1.8x a step)")
-    blocks = (f"a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept, multiplied by the integer kernel "
+    blocks = (f"a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks kept, multiplied by the integer kernel "
               f"({torch.ops.flashtree.qdense_dot()}; a third to half the bytes of bf16 a step)")
     if not cpu.at_least("amx"):
         return "blocks", f"the {cpu.isa()} path: {blocks}"

@@ -1,4 +1,5 @@
-"""Weights kept in GGUF's blocks of 32: Q8_0, Q4_0 and Q4_1, as files hold them or quantized at load.
+"""Weights kept in GGUF's blocks of 32: Q8_0, Q4_0 and Q4_1 as files hold them or quantized at load,
+and Q4_K as its sub-blocks of 32 (float32 scales and offsets: exact).
 
 `Blocks` is one weight [N, K]: quants `qs` ([N, K] int8 for q8, [N, K/2] uint8 nibbles for q4,
 each 16 bytes holding 16 quants in their low nibbles and the next 16 in their high ones), block
@@ -28,9 +29,11 @@ import torch
 from torch import nn
 
 BLOCK = 32
-KINDS = ("q8_0", "q4_0", "q4_1")   # the GGUF block types kept as they are
+KINDS = ("q8_0", "q4_0", "q4_1")   # the GGUF block types of 32 kept as they are
+KEPT = KINDS + ("q4_k",)           # ... and the K-quant kept as 32-blocks (`from_gguf`)
 QUANTS = ("q8_0", "q4_0")          # what `quant=` quantizes a float checkpoint to
 _BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # bytes a block of 32 in the file: f16 d [, f16 m], quants
+Q4_K_BYTES = 144   # a Q4_K super-block of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of quants
 
 
 def padded_blocks(k: int) -> int:
@@ -40,10 +43,11 @@ def padded_blocks(k: int) -> int:
 
 @dataclass
 class Blocks:
-    kind: str                 # q8_0 | q4_0 | q4_1 (what the file held; q4_0 runs as q4 with m = -8 d)
+    kind: str                 # q8_0 | q4_0 | q4_1 | q4_k (what the file held; q4_0 runs as q4 with m = -8 d,
+                              # q4_k as q4 with float32 d and m)
     qs: torch.Tensor          # [N, K] int8 | [N, K/2] uint8
-    d: torch.Tensor           # [N, nbp] float16
-    m: torch.Tensor | None    # [N, nbp] float16 (Q4_1 only)
+    d: torch.Tensor           # [N, nbp] float16 (float32 for q4_k)
+    m: torch.Tensor | None    # [N, nbp], d's dtype (Q4_1 and Q4_K only)
     interleaved: bool = False  # quants by eights (`interleave`), else in GGUF's order
 
     @property
@@ -146,10 +150,12 @@ def interleave(w: Blocks) -> Blocks:
 
 
 def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
-    """A tensor's blocks as the file stores them — raw [N, K/32 * bytes a block] uint8, rows of
-    K weights — in the kernel's layout (new arrays: the file can be closed after)."""
+    """A tensor's blocks as the file stores them — raw [N, K/32 * bytes a block] uint8 (Q4_K: [N,
+    K/256 * 144]), rows of K weights — in the kernel's layout (new arrays: the file can be closed after)."""
+    if kind == "q4_k":
+        return _from_q4_k(raw, n, k)
     if kind not in KINDS:
-        raise ValueError(f"GGUF type {kind} is not one flashtree keeps quantized ({', '.join(KINDS)})")
+        raise ValueError(f"GGUF type {kind} is not one flashtree keeps quantized ({', '.join(KEPT)})")
     if k % BLOCK:
         raise ValueError(f"a {kind} row of {k} weights is not whole blocks of {BLOCK}")
     nb, nbp = k // BLOCK, padded_blocks(k)
@@ -166,6 +172,29 @@ def from_gguf(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
         m = torch.from_numpy(m)
     qs = np.ascontiguousarray(blocks[..., _BYTES[kind] - 16:]).reshape(n, k // 2)
     return Blocks(kind, torch.from_numpy(qs), torch.from_numpy(d), m)
+
+
+def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Blocks:
+    """A Q4_K tensor as Q4_1-like blocks of 32, exactly: each super-block of 256 holds 8 sub-blocks
+    of 32 whose weights are d sc q - dmin mn (q 0..15; sc, mn 6-bit; d, dmin float16), so a
+    sub-block is a q4 block with scale d sc and offset -dmin mn — products of a float16 and a
+    6-bit integer, exact in float32 (not in float16): d and m are float32 here. 6 bits a weight
+    held (4.5 in the file), against 16 dequantized to bf16."""
+    from gguf.quants import Q4_K
+    if k % 256:
+        raise ValueError(f"a q4_k row of {k} weights is not whole super-blocks of 256")
+    sb, nb, nbp = k // 256, k // BLOCK, padded_blocks(k)
+    b = np.ascontiguousarray(raw).reshape(n, sb, Q4_K_BYTES)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)           # [N, sb]
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(b[..., 4:16].reshape(n * sb, 12))                 # [N sb, 8] each (the gguf package's unpacking)
+    scale = np.zeros((n, nbp), np.float32)
+    offset = np.zeros((n, nbp), np.float32)
+    scale[:, :nb] = (d[..., None] * sc.reshape(n, sb, 8).astype(np.float32)).reshape(n, nb)
+    offset[:, :nb] = -(dmin[..., None] * mn.reshape(n, sb, 8).astype(np.float32)).reshape(n, nb)
+    qs = b[..., 16:].reshape(n, sb, 4, 1, 32)                                     # 32 bytes: sub-blocks 2c (low) and 2c+1 (high)
+    q = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & np.uint8(15)).reshape(n, k)  # weight order
+    return Blocks("q4_k", _pack(torch.from_numpy(q), True), torch.from_numpy(scale), torch.from_numpy(offset))
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Blocks:
