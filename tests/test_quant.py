@@ -309,7 +309,8 @@ def test_gguf_blocks_load_into_the_model(models, tmp_path, arch):
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_a_q4_k_gguf_loads_with_its_sub_blocks_kept(tmp_path, arch):
     """Q4_K projections (rows of whole super-blocks: a model 256 wide) load as q4_k blocks, a
-    float load of the same file gives the same weights, and the model decodes on them."""
+    float load of the same file gives the same weights, and the model decodes on them — also
+    where, as in a Q4_K_M file, some projections of a layer are in a type dequantized at load."""
     from flashtree.config import ModelConfig
     from flashtree.models.target import TargetModel
     raw = dict(model_type=arch, vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -330,6 +331,15 @@ def test_a_q4_k_gguf_loads_with_its_sub_blocks_kept(tmp_path, arch):
     kept, floats = fresh(), fresh()
     mats = 7 * 2 + 1
     assert load_gguf_weights(kept, f, "blocks") == {"q4_k": mats, "float": 4 * 2 + 1 if arch == "qwen3" else 2 * 2 + 1}
+    mixed = tmp_path / "mixed.gguf"
+    _write_gguf(mixed, TargetModel(cfg), ["q4_k", "q4_k", "f16"], arch)  # a third of the projections float
+    m = fresh()
+    assert load_gguf_weights(m, mixed, "blocks") == {"q4_k": 10, "float": 5 + (4 * 2 + 1 if arch == "qwen3" else 2 * 2 + 1)}
+    m = m.fuse()
+    attn = m.model.layers[0].self_attn  # left unfused: kept and float projections side by side
+    assert not hasattr(attn, "qkv_proj")
+    assert {isinstance(p, quant.QuantLinear) for p in (attn.q_proj, attn.k_proj, attn.v_proj)} == {True, False}
+    assert len(_greedy(m, None, "ar", 1, [[1, 2, 3]])[0][0]) == 24
     assert load_gguf_weights(floats, f, None)["float"] > mats
     for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
         got = kept.model.layers[1].get_submodule(name)
