@@ -1,7 +1,7 @@
 """A GGUF file's weights read straight into a `TargetModel`: blocks kept, nothing converted.
 
 `load_gguf_weights(model, src, quant)` reads every tensor of a llama / qwen2 / qwen3 `.gguf`
-(the `gguf` package's reader for the layout; a kept tensor's bytes read once into its blocks)
+(the header's tensor table, `tensor_table`; a kept tensor's bytes read once into its blocks)
 under its HF name:
 - `quant="blocks"`: Q8_0 / Q4_0 / Q4_1 / Q4_K projections and embeddings stay in their blocks
   (`quant.QuantLinear`, `quant.QuantEmbedding`; a tied head shares the embedding's blocks; Q4_K
@@ -86,7 +86,7 @@ def tensor_table(path: Path) -> tuple[dict[str, object], list[TensorEntry]]:
     table — SmolLM2's 49k-token vocabulary and merges took 1.97 s and 160 MB of each load, a
     152k-token one 4.6 s — while the weights need only the table. This walks the header (GGUF v2 /
     v3, little-endian, the format `gguf.GGUFReader` reads) and skips each array by its lengths;
-    `tests/test_quant.py` checks it against the reader's table on every file the tests write."""
+    `tests/test_quant.py` checks it against the reader's on the real model's file and a written one."""
     import struct
     with open(path, "rb") as f:
         buf = memoryview(f.read(min(path.stat().st_size, 1 << 22)))
@@ -189,8 +189,8 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     costly: dict[str, int] = {}
     seen: set[str] = set()
     with open(src, "rb") as file:
-        for gguf_name, gguf_type, shape, offset, n_bytes in ((t.name, t.kind, t.shape, t.offset, t.n_bytes)
-                                                             for t in table):
+        for t in table:
+            gguf_name, gguf_type, shape = t.name, t.kind, t.shape
             name = hf_name(gguf_name)
             if name is None:
                 continue
@@ -202,8 +202,8 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                 order = unpermute_rows(n, heads)
             matrix = len(shape) == 2 and name.endswith(".weight") and not name.endswith("norm.weight")
             keep = matrix and kind in q.KEPT and quant == "blocks"
-            raw = np.empty(n_bytes, np.uint8)  # rows of the file's bytes, [N, bytes a row]
-            file.seek(offset)
+            raw = np.empty(t.n_bytes, np.uint8)  # rows of the file's bytes, [N, bytes a row]
+            file.seek(t.offset)
             if file.readinto(raw) != raw.size:
                 raise ConfigError(f"{src}: tensor '{gguf_name}' runs past the end of the file")
             raw = raw.reshape(n if len(shape) == 2 else 1, -1)
