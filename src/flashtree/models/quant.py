@@ -192,9 +192,13 @@ def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Blocks:
     offset = np.zeros((n, nbp), np.float32)
     scale[:, :nb] = (d[..., None] * sc.reshape(n, sb, 8).astype(np.float32)).reshape(n, nb)
     offset[:, :nb] = -(dmin[..., None] * mn.reshape(n, sb, 8).astype(np.float32)).reshape(n, nb)
-    qs = b[..., 16:].reshape(n, sb, 4, 1, 32)                                     # 32 bytes: sub-blocks 2c (low) and 2c+1 (high)
-    q = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & np.uint8(15)).reshape(n, k)  # weight order
-    return Blocks("q4_k", _pack(torch.from_numpy(q), True), torch.from_numpy(scale), torch.from_numpy(offset))
+    packed = torch.empty((n, k // 2), dtype=torch.uint8)
+    shifts = np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    for r in range(0, n, 4096):  # a few MB at a time (an 8 B model's embedding is 0.5 GB of quants)
+        qs = b[r:r + 4096, :, 16:].reshape(-1, sb, 4, 1, 32)                      # 32 bytes: sub-blocks 2c (low), 2c+1 (high)
+        q = ((qs >> shifts) & np.uint8(15)).reshape(-1, k)                        # weight order
+        packed[r:r + 4096] = _pack(torch.from_numpy(q), True)
+    return Blocks("q4_k", packed, torch.from_numpy(scale), torch.from_numpy(offset))
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Blocks:
