@@ -141,8 +141,8 @@ def test_rows_picked_from_panels_copy_only_those_rows():
 
 def test_a_gguf_load_holds_only_the_weights():
     """Loading the real model's GGUF: the peak above what stays resident is less than the weights'
-    bytes (the `gguf` reader's metadata, 160 MB of small arrays for SmolLM2's vocabulary, is freed
-    before the weights are read; with it held, the transient was 1.5x the weights)."""
+    bytes (the load reads the tensor table from the header: the `gguf` reader's metadata, 160 MB
+    of small arrays for SmolLM2's vocabulary, held through the weights made the transient 1.5x them)."""
     got = _peak_mb(
         "from flashtree.models.loader import load_target\n"
         "from flashtree.models.registry import resolve\n"
