@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from torch import nn
 
 from .. import cpu
@@ -75,8 +76,55 @@ class TensorEntry:
     n_bytes: int
 
 
-# GGUF's scalar value types (gguf.GGUFValueType) -> their struct format; 8 is a string, 9 an array
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+# GGUF's scalar value types -> their struct format (little-endian, packed)
+_SCALARS = {GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
+            GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?",
+            GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d"}
+
+
+class _Header:
+    """A GGUF file's header read front to back: more of the file is read as the header needs it
+    (the first 4 MB, then twice as much each time: a large vocabulary's strings)."""
+
+    def __init__(self, file, path: Path):
+        self.file, self.path, self.buf, self.pos = file, path, memoryview(file.read(1 << 22)), 0
+
+    def _need(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            self.file.seek(0)
+            self.buf = memoryview(self.file.read(max(2 * len(self.buf), self.pos + n)))
+            if self.pos + n > len(self.buf):
+                raise ConfigError(f"{self.path}: the GGUF header runs past the end of the file")
+
+    def take(self, fmt: str):
+        """The next value(s) of struct format `fmt` (one value, or a tuple of several)."""
+        n = struct.calcsize("<" + fmt)
+        self._need(n)
+        out = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += n
+        return out if len(out) > 1 else out[0]
+
+    def string(self) -> str:
+        n = self.take("Q")
+        self._need(n)
+        self.pos += n
+        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", errors="replace")
+
+    def skip(self, vtype: int, count: int = 1) -> None:
+        """Past `count` values of type `vtype` (an array's elements by their own lengths)."""
+        if vtype in _SCALARS:
+            n = struct.calcsize("<" + _SCALARS[vtype]) * count
+            self._need(n)
+            self.pos += n
+        elif vtype == GGUFValueType.STRING:
+            for _ in range(count):
+                self.string()
+        elif vtype == GGUFValueType.ARRAY:
+            for _ in range(count):
+                inner, n = self.take("IQ")
+                self.skip(inner, n)
+        else:
+            raise ConfigError(f"{self.path}: unknown GGUF value type {vtype}")
 
 
 def tensor_table(path: Path) -> tuple[dict[str, object], list[TensorEntry]]:
@@ -87,76 +135,32 @@ def tensor_table(path: Path) -> tuple[dict[str, object], list[TensorEntry]]:
     152k-token one 4.6 s — while the weights need only the table. This walks the header (GGUF v2 /
     v3, little-endian, the format `gguf.GGUFReader` reads) and skips each array by its lengths;
     `tests/test_quant.py` checks it against the reader's on the real model's file and a written one."""
-    import struct
     with open(path, "rb") as f:
-        buf = memoryview(f.read(min(path.stat().st_size, 1 << 22)))
-        pos = 0
-
-        def need(n: int) -> None:
-            nonlocal buf
-            if pos + n > len(buf):  # a header past what was read (a large vocabulary): twice as much
-                f.seek(0)
-                buf = memoryview(f.read(max(2 * len(buf), pos + n)))
-                if pos + n > len(buf):
-                    raise ConfigError(f"{path}: the GGUF header runs past the end of the file")
-
-        def take(fmt: str):
-            nonlocal pos
-            n = struct.calcsize("<" + fmt)
-            need(n)
-            out = struct.unpack_from("<" + fmt, buf, pos)
-            pos += n
-            return out if len(out) > 1 else out[0]
-
-        def string() -> str:
-            nonlocal pos
-            n = take("Q")
-            need(n)
-            pos += n
-            return bytes(buf[pos - n:pos]).decode("utf-8", errors="replace")
-
-        def skip(vtype: int, count: int = 1) -> None:
-            nonlocal pos
-            if vtype in _SCALARS:
-                n = struct.calcsize("<" + _SCALARS[vtype]) * count
-                need(n)
-                pos += n
-            elif vtype == 8:
-                for _ in range(count):
-                    n = take("Q")
-                    need(n)
-                    pos += n
-            elif vtype == 9:
-                for _ in range(count):
-                    inner, n = take("IQ")
-                    skip(inner, n)
-            else:
-                raise ConfigError(f"{path}: unknown GGUF value type {vtype}")
-
-        if bytes(buf[:4]) != b"GGUF":
+        h = _Header(f, path)
+        if bytes(h.buf[:4]) != b"GGUF":
             raise ConfigError(f"{path}: not a GGUF file (no GGUF magic)")
-        pos = 4
-        version = take("I")
+        h.pos = 4
+        version = h.take("I")
         if version not in (2, 3):
             raise ConfigError(f"{path}: GGUF version {version} (big-endian, or not one flashtree reads: 2 and 3)")
-        n_tensors, n_kv = take("QQ")
+        n_tensors, n_kv = h.take("QQ")
         meta: dict[str, object] = {}
         for _ in range(n_kv):
-            key, vtype = string(), take("I")
-            if vtype == 8:
-                meta[key] = string()
+            key, vtype = h.string(), h.take("I")
+            if vtype == GGUFValueType.STRING:
+                meta[key] = h.string()
             elif vtype in _SCALARS:
-                meta[key] = take(_SCALARS[vtype])
+                meta[key] = h.take(_SCALARS[vtype])
             else:
-                skip(vtype)
+                h.skip(vtype)
         infos = []
         for _ in range(n_tensors):
-            name, n_dims = string(), take("I")
-            dims = tuple(int(take("Q")) for _ in range(n_dims))
-            kind, offset = take("IQ")
+            name, n_dims = h.string(), h.take("I")
+            dims = tuple(int(h.take("Q")) for _ in range(n_dims))
+            kind, offset = h.take("IQ")
             infos.append((name, dims, GGMLQuantizationType(kind), offset))
     align = int(meta.get("general.alignment", 32))
-    start = -(-pos // align) * align
+    start = -(-h.pos // align) * align  # the data begin at the next multiple of the alignment
     table = []
     for name, dims, kind, offset in infos:
         block, size = GGML_QUANT_SIZES[kind]
