@@ -76,7 +76,7 @@ def target(T):
 def drafter(C=4):
     blk = torch.zeros(1, K, dtype=torch.long)
     bpos = (L0 + torch.arange(K))[None].contiguous()
-    ctx = torch.zeros(1, C, F, dtype=llm.engine.dtype)  # target features, in the model dtype
+    ctx = torch.zeros(1, C, F, dtype=llm.engine.kv_dtype)  # target features, as the runner keeps them
     cpos = (L0 - C + torch.arange(C))[None].contiguous()
     return lambda: runner.run_drafter(blk, bpos, ctx, cpos, [slot], np.array([L0 - C]), torch.tensor([C]),
                                       torch.tensor([K]))

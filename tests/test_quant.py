@@ -474,3 +474,61 @@ def test_a_synthetic_gguf_loads_with_its_blocks_kept_and_decodes(tmp_path):
     assert sum(isinstance(m, quant.QuantLinear) for m in llm.target.modules()) == 2 * 4 + 1  # qkv, o, gate_up, down; head
     out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     assert len(out[0].token_ids) == 12
+
+
+def test_blocks_compute_in_float32_beside_bf16_storage_under_dtype_auto(monkeypatch):
+    """dtype auto for a target in blocks: float32 activations, the storage dtype auto picks for
+    the KV cache, the drafter and float matrices; one dtype everywhere else and whenever a dtype
+    is named (FLASHTREE_DTYPE included)."""
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("FLASHTREE_DTYPE", raising=False)
+    store = loader.auto_dtype(cpu)[0]
+    act, kept, why = loader.resolve_dtypes("auto", cpu, quantized=True)
+    assert (act, kept) == (torch.float32, store) and (why is None) == (store == torch.float32)
+    assert loader.resolve_dtypes("auto", cpu, quantized=False)[:2] == (store, store)
+    assert loader.resolve_dtypes("bfloat16", cpu, quantized=True)[:2] == (torch.bfloat16, torch.bfloat16)
+    assert loader.resolve_dtypes("float32", cpu, True, cache_dtype="bfloat16")[:2] == (torch.float32, torch.bfloat16)
+    monkeypatch.setenv("FLASHTREE_DTYPE", "bfloat16")
+    assert loader.resolve_dtypes("auto", cpu, quantized=True)[:2] == (torch.bfloat16, torch.bfloat16)
+
+
+def test_float32_rows_against_a_bf16_weight_are_its_bf16_product():
+    """A float projection stored in bf16 beside float32 activations (a blocks target's Q6_K
+    fallbacks): the bf16 product widened, the bias added in float32 — eager and packed alike."""
+    from flashtree.models.layers import Linear
+    torch.manual_seed(0)
+    lin = Linear(96, 40, bias=True).to(torch.bfloat16).requires_grad_(False)
+    lin.bias.data = lin.bias.data.float()
+    x = torch.randn(3, 96)
+    want = torch.nn.functional.linear(x.bfloat16(), lin.weight).float() + lin.bias
+    with torch.inference_mode():
+        assert lin(x).dtype == torch.float32
+        torch.testing.assert_close(lin(x), want, rtol=1e-2, atol=1e-2)
+        lin.pack()
+        y = lin(x)
+        packed = torch.ops.flashtree.dense_bf16 if lin.packed.dim() == 4 else torch.ops.flashtree.dense
+        assert torch.equal(y, packed(x.bfloat16(), lin.weight, lin.packed, None).float() + lin.bias)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_every_method_equals_plain_with_float32_activations_and_bf16_storage(tiny_pair, batch):
+    """The tiny pair as dtype auto loads a blocks target on a bf16 machine (named outright here):
+    q8_0 projections, float32 activations, KV cache, drafter and its features in bf16; every
+    method's greedy output is plain decoding's."""
+    import random
+    target = loader.load_target(tiny_pair[0], dtype="float32", device="cpu", quant="q8_0",
+                                cache_dtype="bfloat16").fuse()
+    drafter = loader.load_drafter(tiny_pair[1], target).fuse()
+    assert (target.compute_dtype, target.kv_dtype) == (torch.float32, torch.bfloat16)
+    assert next(drafter.parameters()).dtype == torch.bfloat16
+    eng = Engine(target, drafter, EngineConfig(method="ar", max_model_len=128))
+    assert (eng.dtype, eng.runner.cache.k.dtype, eng.runner.features.data.dtype) == (
+        torch.float32, torch.bfloat16, torch.bfloat16)
+    rng = random.Random(1)
+    ps = [[rng.randrange(0, 95) for _ in range(rng.randint(1, 40))] for _ in range(16)]
+    ref, _ = _greedy(target, drafter, "ar", 1, ps)
+    for method, budget in [("dflash", None), ("ddtree", 8), ("hybrid", 8), ("ngram", None)]:
+        out, taus = _greedy(target, drafter, method, batch, ps, budget)
+        assert out == ref, (method, batch)
+        if method != "ngram":
+            assert np.mean(taus) > 1.0, (method, np.mean(taus))

@@ -116,9 +116,11 @@ class LLM:
                              decode=self.tokenizer.decode, grammars=Grammars.from_tokenizer(
                                  self.tokenizer.tk, self.target.config.vocab_size, self.tokenizer.eos_token_ids))
         eng = self.engine
-        log.info("loaded %s%s: %s%s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
+        log.info("loaded %s%s: %s%s%s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
                  self.model_name or self.model_path, f" + drafter {self.draft_path.name}" if self.draft_path else "",
-                 str(eng.dtype).removeprefix("torch."), f", weights {self.quant}" if self.quant else "", eng.device,
+                 str(eng.dtype).removeprefix("torch."), f", weights {self.quant}" if self.quant else "",
+                 f", KV cache and drafter {str(eng.kv_dtype).removeprefix('torch.')}" if eng.kv_dtype != eng.dtype else "",
+                 eng.device,
                  cpu.isa() if eng.device.type == "cpu" else "-",
                  eng.threads.most, cpu.thread_policy(), eng.blocks.capacity_tokens)
         if self._ranks is not None:
@@ -128,7 +130,7 @@ class LLM:
             rebuild = compile_helper.Rebuild(
                 str(self.model_path), str(self.draft_path) if self.draft_path else None,
                 str(self.engine.dtype).removeprefix("torch."), config, self.engine.threads.most,
-                quant if self.quant else None)
+                quant if self.quant else None, str(self.engine.kv_dtype).removeprefix("torch."))
             helper = compile_helper.start(rebuild)
             if self.precompile == "background":
                 background = compile_helper.start(rebuild, nice=compile_helper.BACKGROUND_NICE)

@@ -59,7 +59,8 @@ def collect(model: str | None = None, draft: str | None = None, device: str = "a
     pair = model_pair(model, draft)
     dev = device_info(device)
     path = cpu_path()
-    return {"isa": path["isa"], "dtype": dev.get("auto_dtype"), "quant": dev.get("auto_quant"), "threads": path["threads"],
+    return {"isa": path["isa"], "dtype": dev.get("auto_dtype"), "quant": dev.get("auto_quant"),
+            "activations": dev.get("auto_activations"), "threads": path["threads"],
             "cpu_path": path, "versions": versions(), "platform": platform_info(), "device": dev,
             "compiled": compiled_paths(dev.get("selected"), pair["pair"]["target"], compile_timeout),
             "kv_cache": kv_cache(pair["pair"], kv_options or {}, dev.get("auto_dtype") or "float32"),
@@ -172,8 +173,12 @@ def device_info(device: str = "auto") -> dict:
         info["auto_dtype"], info["auto_dtype_why"] = None, str(e)
         return info
     info["auto_dtype"], info["auto_dtype_why"] = str(dt).removeprefix("torch."), why
-    from ..models.loader import auto_quant
+    from ..models.loader import auto_quant, resolve_dtypes
     info["auto_quant"], info["auto_quant_why"] = auto_quant(dev)  # None: float weights in the dtype
+    act, _, why = resolve_dtypes("auto", dev, info["auto_quant"] is not None)
+    # the activations' dtype under dtype auto (with quant auto's blocks): float32 beside bf16 storage
+    info["auto_activations"] = str(act).removeprefix("torch.")
+    info["auto_activations_why"] = why or "the dtype's own"
     return info
 
 
@@ -463,7 +468,8 @@ def render(r: dict) -> str:
     lines += [f"  {k:<18} {'yes' if v['supported'] else 'no'}, {'fast' if v['fast'] else 'slow'} ({v['note']})"
               for k, v in d.get("dtypes", {}).items()]
     if "auto_quant_why" in d:
-        lines += [f"  {'quant auto':<18} {d['auto_quant'] or 'none (float weights)'}: {d['auto_quant_why']}"]
+        lines += [f"  {'quant auto':<18} {d['auto_quant'] or 'none (float weights)'}: {d['auto_quant_why']}",
+                  f"  {'activations':<18} {d['auto_activations']}: {d['auto_activations_why']}"]
     lines += _render_compiled(r["compiled"])
     lines += ["methods"] + [f"  {k:<18} {'available' if v['available'] else 'UNAVAILABLE'}: {v['why']}"
                             for k, v in r["methods"].items()]

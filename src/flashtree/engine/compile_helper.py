@@ -41,15 +41,16 @@ COST = {"target": 3, "drafter": 1}
 @dataclass(frozen=True)
 class Rebuild:
     """What a helper needs to build the loading process's engine again: the model and drafter
-    directories, the dtype the weights were loaded in (resolved, never "auto"), the config, and
-    torch's thread count (inductor sizes a CPU kernel's parallel loops by it), and the quant the
-    target was loaded with (None: float weights)."""
+    directories, the dtype the activations ran in (resolved, never "auto"), the config, and
+    torch's thread count (inductor sizes a CPU kernel's parallel loops by it), the quant the
+    target was loaded with (None: float weights) and its storage dtype (KV cache, drafter; None: dtype)."""
     model: str
     draft: str | None
     dtype: str
     config: EngineConfig
     threads: int
     quant: str | None = None
+    cache_dtype: str | None = None
 
 
 def cores() -> int:

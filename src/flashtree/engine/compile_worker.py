@@ -20,7 +20,8 @@ from .engine import Engine
 def _compile(rebuild: Rebuild, buckets: list[Bucket]) -> None:
     """The helper's whole life: the same weights, the same engine, these buckets compiled."""
     torch.set_num_threads(rebuild.threads)
-    target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu", quant=rebuild.quant).fuse()
+    target = load_target(rebuild.model, dtype=rebuild.dtype, device="cpu", quant=rebuild.quant,
+                         cache_dtype=rebuild.cache_dtype).fuse()
     drafter = load_drafter(rebuild.draft, target).fuse() if rebuild.draft else None
     Engine(target, drafter, rebuild.config).runner.warmup(buckets)
 

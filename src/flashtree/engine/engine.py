@@ -82,7 +82,9 @@ class Engine:
         self.grammars = grammars  # compiles params.structured (None: no tokenizer to compile against)
         tc = target.config
         p = next(target.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        # activations; the KV cache, the drafter and its features in kv_dtype (the same but for a
+        # blocks target computing in float32 beside bf16 storage: loader.resolve_dtypes)
+        self.device, self.dtype, self.kv_dtype = p.device, target.compute_dtype, target.kv_dtype
         self.max_model_len = config.max_model_len or tc.max_position_embeddings
         if self.max_model_len < 2:
             raise UserError(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -102,7 +104,7 @@ class Engine:
             budget=config.budget if config.budget is not None else DEFAULT_BUDGET, topk=config.topk,
             check_default_budget=method.sized_by_budget or config.budget is not None,
             max_ngram=config.max_ngram, min_ngram=config.min_ngram, draft_len=config.draft_len)
-        row = kv_bytes_per_token(self.dtype.itemsize, tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim, *(
+        row = kv_bytes_per_token(self.kv_dtype.itemsize, tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim, *(
             (dc.layers.num_hidden_layers, dc.layers.num_key_value_heads, dc.layers.head_dim,
              len(dc.target_layer_ids) * tc.hidden_size) if drafter is not None else ()))
         self.capacity, kv_tokens = kv_cache_plan(config, self.max_model_len, self.drafter_block_size, row,

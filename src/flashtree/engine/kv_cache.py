@@ -42,7 +42,7 @@ def write_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
 
 def write_features(store: torch.Tensor, rows: torch.Tensor, feats: torch.Tensor) -> None:
     """store [num_rows, F]; rows [B, T] physical; feats [B, T, F]."""
-    store.index_copy_(0, rows.reshape(-1), feats.reshape(-1, store.shape[1]))
+    store.index_copy_(0, rows.reshape(-1), feats.reshape(-1, store.shape[1]).to(store.dtype))
 
 
 class KVCache:

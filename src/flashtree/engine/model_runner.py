@@ -142,7 +142,7 @@ class ModelRunner:
             raise ValueError("a model runner needs a block manager, or (a rank > 0) the page layout")
         self.num_pages, self.page_size = layout
         p = next(target.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        self.device, self.dtype = p.device, target.compute_dtype
         # float32 or bfloat16 on a CPU with AVX2: projections through the CPU kernel (models/cpu_dense.py)
         self.cpu_kernel = pack_projections(target)
         if drafter is not None and self.cpu_kernel:
@@ -160,8 +160,9 @@ class ModelRunner:
                      else f"F.linear ({cpu_dense.why_unavailable()})")
         tc = target.config
         rows = self.num_pages * self.page_size
-        # the cache is in the model's dtype (the CPU attention kernel reads bf16 rows as they are)
-        self.kv_dtype = kv_dtype = self.dtype
+        # the cache is in the model's storage dtype (the CPU attention kernel reads bf16 rows as they
+        # are), as are the drafter and the features it reads
+        self.kv_dtype = kv_dtype = target.kv_dtype
         self.cache = KVCache(tc.num_hidden_layers, rows, tc.num_key_value_heads, tc.head_dim, kv_dtype, self.device)
         self.draft_cache = self.features = None
         if drafter is not None:
@@ -170,7 +171,7 @@ class ModelRunner:
                                        self.device)
         self.feature_layers = tuple(feature_layers or ())
         if self.feature_layers:  # what the drafter reads: every target forward keeps its tokens' features
-            self.features = FeatureCache(rows, len(self.feature_layers) * tc.hidden_size, self.dtype, self.device)
+            self.features = FeatureCache(rows, len(self.feature_layers) * tc.hidden_size, kv_dtype, self.device)
         self.broadcaster: Broadcaster | None = None  # tensor parallel, rank 0: the other ranks (attach)
         self.deferred = None  # a compile_helper.Helper writing packages this runner runs eager meanwhile (defer)
         self.shapes: Counter = Counter()  # forwards run, by (model, batch, tokens per sequence)
@@ -190,7 +191,8 @@ class ModelRunner:
             drafting = {"target": target, "drafter": drafter,
                         **({"draft_head": self.draft_head} if self.draft_ids is not None else {})}
             settings = {"page_size": self.page_size, "feature_layers": self.feature_layers,
-                        "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype)}
+                        "cpu_kernel": self.cpu_kernel, "dtype": str(self.dtype),
+                        "kv_dtype": str(kv_dtype)}
             cache = (None, "rows", None, None)
             kept = (("rows", None),) if self.features is not None else ()
             self._fns[True] = (
@@ -240,7 +242,7 @@ class ModelRunner:
                     v_cache):
         # block, block_pos [B, K]; ctx [B, C, F]; ctx_pos [B, C]; table [B, pages]; past_len, ctx_len,
         # block_len [B]; cols [S]; rows [B, C] the context rows' physical rows (their K/V written there)
-        embeds = self.target.model.embed_tokens(block)
+        embeds = self.target.model.embed_tokens(block).to(self.kv_dtype)  # the drafter's dtype
         hidden, k, v = self.drafter.forward_cached(embeds, block_pos, ctx, ctx_pos, k_cache, v_cache, table,
                                                    self.page_size, past_len, ctx_len, block_len, cols)
         write_rows(k_cache, v_cache, rows, k, v)
@@ -471,7 +473,7 @@ class ModelRunner:
                 self.run_target(ids, pos, list(range(B)), lengths, vis, torch.arange(B * T, device=dev))
             else:
                 C = 3
-                ctx = torch.zeros(B, C, self.drafter.fc.in_features, dtype=self.dtype, device=dev)
+                ctx = torch.zeros(B, C, self.drafter.fc.in_features, dtype=self.kv_dtype, device=dev)
                 ctx_pos = (5 + torch.arange(C, device=dev)).expand(B, C).contiguous()
                 self.run_drafter(ids, pos, ctx, ctx_pos, list(range(B)), lengths,
                                  torch.full((B,), C, device=dev), torch.full((B,), T, device=dev))

@@ -277,7 +277,8 @@ def load_peers(choice: PeerChoice, llm, prompt_ids: list[list[int]], max_tokens:
     """The peers `choice` names, loaded on `llm`'s weights (its device and dtype for transformers)."""
     peers: list[Peer] = []
     if "hf" in choice.engines:
-        peers.append(HFPeer(llm.model_path, llm.engine.device, llm.engine.dtype, hf_lookup_tokens,
+        # transformers in the weights' storage dtype (a blocks target computes in float32 beside it)
+        peers.append(HFPeer(llm.model_path, llm.engine.device, llm.engine.kv_dtype, hf_lookup_tokens,
                             llm.engine.config.max_ngram))
     if "llama.cpp" in choice.engines:
         n_ctx = max(map(len, prompt_ids)) + max_tokens + llama_cpp.lookup_tokens + 16  # drafts past the end

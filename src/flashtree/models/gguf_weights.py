@@ -174,9 +174,10 @@ def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
 
 
 def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
-                      dtype: torch.dtype | None = None) -> dict[str, int]:
+                      dtype: torch.dtype | None = None, matrix_dtype: torch.dtype | None = None) -> dict[str, int]:
     """Fill `model` (a TargetModel built for the file's config; its parameters may be on the meta
-    device: each is set from the file, in `dtype`, default the parameters') from `src`. A tensor
+    device: each is set from the file, in `dtype`, default the parameters'; a float weight matrix
+    in `matrix_dtype`, default `dtype`) from `src`. A tensor
     kept in blocks is read from the file into its blocks alone (no float copy of it exists at any
     point, and the file is read, not mapped, so its pages are not this process's memory). Returns
     how many tensors took each form ({"q4_1": 210, "float": 61, ...})."""
@@ -187,6 +188,7 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     arch = meta.get("general.architecture")
     cfg = model.config
     dtype = dtype or next(p for p in model.parameters()).dtype
+    matrix_dtype = matrix_dtype or dtype
     params = dict(model.named_parameters())
     tied = bool(cfg.tie_word_embeddings)
     forms: dict[str, int] = {}
@@ -250,7 +252,8 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
                     raise ConfigError(f"{src}: tensor '{gguf_name}' has shape {list(w.shape)}, the config implies "
                                       f"{list(p.shape)}")
                 owner, _, leaf = name.rpartition(".")
-                setattr(model.get_submodule(owner), leaf, nn.Parameter(w.to(dtype), requires_grad=False))
+                setattr(model.get_submodule(owner), leaf,
+                        nn.Parameter(w.to(matrix_dtype if matrix else dtype), requires_grad=False))
             seen.add(name)
     if tied and "lm_head.weight" not in seen and not isinstance(model.lm_head, q.QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -262,7 +265,7 @@ def load_gguf_weights(model: nn.Module, src: Path, quant: str | None = "blocks",
     if costly:
         log.warning("%s: %s tensor(s) dequantized to %s at load (flashtree keeps %s in their blocks): each "
                     "streams %s the bytes its blocks would", src.name,
-                    ", ".join(f"{v} {k_}" for k_, v in costly.items()), str(dtype).removeprefix("torch."),
-                    ", ".join(x.upper() for x in q.KEPT), "2-4x" if dtype != torch.float32 else "4-8x")
+                    ", ".join(f"{v} {k_}" for k_, v in costly.items()), str(matrix_dtype).removeprefix("torch."),
+                    ", ".join(x.upper() for x in q.KEPT), "2-4x" if matrix_dtype != torch.float32 else "4-8x")
     return forms
 

@@ -32,6 +32,11 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     MKL's GEMV there; more rows stay one GEMM: the sum costs a weight pass per row). Everything
     else (CUDA, training, other dtypes) is `F.linear`. The forms differ only in rounding.
     """
+    if x.dtype != weight.dtype and not x.requires_grad:
+        # float32 activations against a weight stored in bf16 (a blocks target's float projections,
+        # `loader.resolve_dtypes`): the product in the weight's dtype, the bias added in float32
+        y = dense(x.to(weight.dtype), weight, None, packed).to(x.dtype)
+        return y if bias is None else y + bias.to(x.dtype)
     if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype and not x.requires_grad:
         return cpu_dense.dense(x, weight, packed, bias)
     if torch.compiler.is_compiling() and x.device.type == "cpu" and math.prod(x.shape[:-1]) == 1:

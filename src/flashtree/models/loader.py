@@ -75,6 +75,28 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def resolve_dtypes(dtype: str | torch.dtype, device: torch.device, quantized: bool,
+                   cache_dtype: str | torch.dtype | None = None) -> tuple[torch.dtype, torch.dtype, str | None]:
+    """(the activations' dtype, the storage dtype of float weight matrices, the KV cache and the
+    drafter, why they differ or None). One dtype for both, except under dtype "auto" for a target
+    whose projections are blocks (`quantized`) on the CPU: float32 activations beside bf16 storage.
+    The integer kernels quantize a float32 row in any case, so bf16 activations only add a
+    conversion before and after every projection and round the norms and residuals: SmolLM2 on its
+    Q4_1 blocks, a compiled step of 1 / 8 tokens took 5.17 / 9.42 ms against 6.10 / 11.26 (amx) and
+    5.62 / 16.17 against 6.24 / 18.27 (avx2), the drafter staying in bf16, whose float32 form runs
+    slower on amx (1.87 against 1.45 ms a block; benchmarks/f32_activations_2026-12-07).
+    `cache_dtype` (a compile helper rebuilding a loaded model) names the storage dtype outright."""
+    act = resolve_dtype(dtype, device)
+    if cache_dtype is not None:
+        return act, resolve_dtype(cache_dtype, device), None
+    forced = switches.value("FLASHTREE_DTYPE")
+    if dtype == "auto" and quantized and device.type == "cpu" and act != torch.float32 and not (forced and forced != "auto"):
+        return torch.float32, act, (f"float32 activations for projections in blocks (the integer kernels quantize "
+                                    f"float32 rows); {str(act).removeprefix('torch.')} KV cache, drafter and float "
+                                    f"weights")
+    return act, act, None
+
+
 def weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -215,16 +237,14 @@ def resolve_quant(quant: str | None, device: torch.device, bf16_bytes: int | Non
 
 
 def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | None = None,
-                quant: str | None = "auto") -> TargetModel:
+                quant: str | None = "auto", cache_dtype: str | None = None) -> TargetModel:
     """tp: load only rank tp.rank's shard of the target (its heads and intermediate rows); its
     layers then all-reduce their row-parallel outputs (`parallel.py`). quant: `resolve_quant`;
-    a directory converted from a GGUF reads its weights from the file (`gguf_weights.py`)."""
+    a directory converted from a GGUF reads its weights from the file (`gguf_weights.py`). dtype:
+    the activations', with `cache_dtype` the storage one (`resolve_dtypes`; `model.kv_dtype`)."""
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if dtype == "auto":
-        log.info("dtype auto: %s (%s)", str(dt).removeprefix("torch."), auto_dtype(dev)[1])
     src = weights_in_gguf(path)
     if src is not None and tp is not None:  # shards come from a float checkpoint: the file's, dequantized once
         path, src = cached_conversion(src, weights=True), None
@@ -232,15 +252,18 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
         model = TargetModel(local_config(cfg, tp.world) if tp is not None else cfg)
     bf16_bytes = projection_bytes(model, 2)
     qt = resolve_quant(quant, dev, bf16_bytes) if tp is None else None
+    dt, store, why = resolve_dtypes(dtype, dev, qt is not None, cache_dtype)
+    if dtype == "auto":
+        log.info("dtype auto: %s (%s)", str(dt).removeprefix("torch."), why or auto_dtype(dev)[1])
     if quant == "auto" and src is not None:
         log.info("quant auto: %s (%s)", qt or "none", auto_quant(dev, bf16_bytes)[1])
     if src is not None:  # every parameter is set from the file: none is allocated before (blocks stay blocks)
-        forms = load_gguf_weights(model, src, qt, dtype=dt)
+        forms = load_gguf_weights(model, src, qt, dtype=dt, matrix_dtype=store)
         log.info("weights from %s: %s", src.name, ", ".join(f"{v} {k}" for k, v in forms.items()))
         model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float()
         model.to(dev)
     else:
-        model = model.to_empty(device=dev).to(dt)
+        model = model.to_empty(device=dev).to(store)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).float().to(dev)  # buffers were on meta
@@ -248,6 +271,11 @@ def load_target(path: str | Path, dtype="auto", device="auto", tp: TPGroup | Non
         load_state(model, path, ignorable=tied, optional=tied, tp=tp)
         if qt in ("q8_0", "q4_0"):
             quantize_projections(model, qt)
+        for p in model.parameters():  # vectors (norms, biases) in the activations' dtype; matrices stored
+            if p.dim() == 1:
+                p.data = p.data.to(dt)
+    if store != dt:
+        model.cache_dtype = store
     if tp is not None:
         reduce = make_all_reduce()
         for layer in model.model.layers:
@@ -264,13 +292,14 @@ def projection_bytes(model: nn.Module, itemsize: int) -> int:
 
 
 def load_drafter(path: str | Path, target: TargetModel) -> DFlashDrafter:
+    """The drafter in the target's storage dtype (`TargetModel.kv_dtype`), on its device."""
     path = Path(path)
     cfg = DrafterConfig.from_dir(path)
     cfg.check_pair(target.config)
     p = next(target.parameters())
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
-    model = model.to_empty(device=p.device).to(p.dtype)
+    model = model.to_empty(device=p.device).to(target.kv_dtype)
     model.rotary_emb.inv_freq = rope_inv_freq(cfg.layers).float().to(p.device)
     load_state(model, path)
     return model.eval().requires_grad_(False)

@@ -74,6 +74,20 @@ class TargetModel(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # where the KV cache and the drafter keep their rows: None = the activations' dtype; the loader
+        # sets bfloat16 for a target computing in float32 beside bf16 storage (`loader.resolve_dtypes`)
+        self.cache_dtype: torch.dtype | None = None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' dtype: the final norm's (a float weight matrix may be stored narrower,
+        an embedding's rows are widened to it, a projection in blocks returns its input's dtype)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype (and the drafter's): `cache_dtype`, else the activations'."""
+        return self.cache_dtype or self.compute_dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 feature_layers: list[int] | None = None, mask: torch.Tensor | None = None
@@ -105,7 +119,7 @@ class TargetModel(nn.Module):
 
     def _run(self, input_ids, positions, feature_layers, mask, past):
         """Feature id L is HF `hidden_states[L+1]`, so the last layer's is the final-normed hidden."""
-        x = self.model.embed_tokens(input_ids)
+        x = self.model.embed_tokens(input_ids).to(self.compute_dtype)  # (a no-op unless stored narrower)
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         wanted = set(feature_layers or ())
         by_id, ks, vs = {}, [], []
