@@ -5,7 +5,7 @@
 # the path's dtype and quant auto). From the repository root on a quiet machine:
 #   ../shared/tools/quiet && bash benchmarks/cpu_paths_2026-12-07/run.sh amx avx2 avx2:auto:none
 set -euo pipefail
-out=benchmarks/cpu_paths_2026-12-07
+out=${OUT:-benchmarks/cpu_paths_2026-12-07}  # OUT: another folder for a rerun
 lscpu > "$out/lscpu.txt"
 for arg in "$@"; do
   IFS=: read -r isa dtype quant <<< "$arg"
