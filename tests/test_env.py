@@ -31,6 +31,9 @@ def test_env_reports_installation_and_pair(pair, capsys):
     assert r["device"]["selected"] in ("cpu", "cuda") and isinstance(r["device"]["cuda_available"], bool)
     assert r["device"]["dtypes"]["float32"] == {"supported": True, "fast": True, "note": r["device"]["dtypes"]["float32"]["note"]}
     assert set(r["device"]["dtypes"]) == {"float32", "bfloat16", "float16"}
+    # dtype auto's activations: float32 where quant auto keeps blocks, else the dtype's own
+    if r["switches"].get("FLASHTREE_DTYPE") in (None, "", "auto"):
+        assert r["activations"] == ("float32" if r["quant"] else r["dtype"])
     c = r["compiled"]
     assert c["attention"]["runs"]["math"] is True and c["attention"]["head_dim"] == 16  # the target's
     assert c["attention"]["kernel"] is None or c["attention"]["runs"][c["attention"]["kernel"]]
