@@ -2,6 +2,7 @@
 
     python scripts/user_chats.py heldout                  # writes src/flashtree/data/heldout_user_chats.jsonl
     python scripts/user_chats.py extend OUT.jsonl --from training/.../regenerated.jsonl.gz [--second-turns 1500]
+    python scripts/user_chats.py more OUT.jsonl --user-rows training/.../user_rows.jsonl.gz
     python scripts/user_chats.py tau [--drafter DIR] [--chats FILE ...] [--json OUT]
 
 `heldout` runs the target greedily for the second turns' first answers (up to 256 tokens) and writes
@@ -10,7 +11,9 @@ interleaved so that the first 16 (the bench's `--prompts user --num-prompts 16`)
 `extend` appends to OUT (the trainer's regenerated.jsonl format; resumable) the target's answers to
 the training half: every other-language code request and everyday question, then `--second-turns`
 follow-ups after answers in `--from` (its stdlib rows, whose requests `chats.chat_prompts` rebuilds);
-greedy, or sampled at T 0.6 / 1.0 (top-p 0.95) as the recipe samples. `tau` prints the drafter's
+greedy, or sampled at T 0.6 / 1.0 (top-p 0.95) as the recipe samples. `more` appends the second round: the everyday questions of the second template list, then a second
+turn after every single-turn row of `--user-rows` (the first round's code and everyday answers, whose
+requests `user_chats.user_requests` rebuilds). `tau` prints the drafter's
 held-out chain τ (every position, teacher-forced) and walked τ (the rounds an engine runs) on the
 target's greedy answers (192 tokens, cached beside --json) to each chat file: by default the project's
 held-out chats (the first 48) and the user-like set.
@@ -87,6 +90,24 @@ def extend(args) -> None:
     print(f"{args.out}: {len(plan)} rows")
 
 
+def more(args) -> None:
+    m, target, tok = _target()
+    convs = [r["messages"] for r in user_chats.more_general_requests()]
+    first = _read_rows(Path(args.user_rows))
+    single = user_chats.user_requests(seed=0)  # the first round's single-turn requests: its rows, in order
+    rng = random.Random(3)
+    for i, (request, row) in enumerate(zip(single, first)):
+        if tok.encode_chat(request["messages"])[-row["prompt_len"]:] != row["ids"][:row["prompt_len"]]:
+            sys.exit(f"{args.user_rows} row {i} is not the answer to user request {i}: pass the committed rows")
+        answer = tok.decode(row["ids"][row["prompt_len"]:]).strip()
+        follow = user_chats.FOLLOW_UPS[rng.randrange(len(user_chats.FOLLOW_UPS))]
+        convs.append(user_chats.second_turn(request["messages"], answer, follow))
+    plan = recipe.sampling_plan(convs, 0.3, random.Random(4))
+    with torch.inference_mode():
+        recipe.write_answers(target, tok, plan, Path(args.out), 192, 1024)
+    print(f"{args.out}: {len(plan)} rows")
+
+
 def tau(args) -> None:
     m, target, tok = _target()
     drafter = load_drafter(Path(args.drafter) if args.drafter else m.drafter, target)
@@ -125,13 +146,16 @@ def main() -> None:
     e.add_argument("out")
     e.add_argument("--from", dest="source", required=True, help="the committed regenerated data (.jsonl or .gz)")
     e.add_argument("--second-turns", type=int, default=1500)
+    mo = sub.add_parser("more")
+    mo.add_argument("out")
+    mo.add_argument("--user-rows", required=True, help="the committed first round (user_rows.jsonl.gz)")
     t = sub.add_parser("tau")
     t.add_argument("--drafter", default=None, help="a drafter directory (default: the bundled one)")
     t.add_argument("--chats", nargs="*", default=None)
     t.add_argument("--cache", default="runs/user_chats", help="where the greedy answers are kept")
     t.add_argument("--json", default=None)
     args = ap.parse_args()
-    {"heldout": heldout, "extend": extend, "tau": tau}[args.cmd](args)
+    {"heldout": heldout, "extend": extend, "more": more, "tau": tau}[args.cmd](args)
 
 
 if __name__ == "__main__":

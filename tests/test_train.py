@@ -9,6 +9,7 @@ import torch
 from flashtree import LLM, SamplingParams
 from flashtree.cli import main
 from flashtree.config import DrafterConfig
+from test_cpu_dense import needs_kernel
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +154,39 @@ def test_feature_store_holds_the_targets_features_and_resumes(tiny_pair, tmp_pat
     ids = torch.tensor([rows[5]["ids"]])
     want = target(ids, torch.arange(ids.shape[1])[None], feature_layers=[1])[1][0]
     torch.testing.assert_close(other.batch([5], len(rows[5]["ids"]))[0], want, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_training_reads_a_target_in_blocks_as_the_engine_serves_it(tiny_pair, tmp_path):
+    """dtype auto's CPU path for a GGUF in blocks: float32 activations, a bf16 KV cache and drafter.
+    Training's frozen head is the head's blocks dequantized (what the kernel multiplies, up to its
+    8-bit rows), its features are stored rounded to bf16 as the engine hands them to the drafter,
+    and the held-out τ runs against it."""
+    from flashtree.models.loader import load_drafter, load_target
+    from flashtree.models.quant import QuantLinear
+    from flashtree.train.drafter import heldout_tau
+    from flashtree.train.features import FeatureStore
+    target = load_target(tiny_pair[0], dtype="float32", device="cpu", quant="q8_0", cache_dtype="bfloat16")
+    assert isinstance(target.lm_head, QuantLinear) and target.kv_dtype == torch.bfloat16
+    head = target.head_weight()
+    assert head.shape == (96, target.config.hidden_size) and head.dtype == torch.float32
+    x = torch.randn(5, target.config.hidden_size)
+    torch.testing.assert_close(target.lm_head(x), x @ head.T, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(head, target.lm_head.blocks.dequantize(), atol=0, rtol=0)
+    rng = np.random.default_rng(2)
+    rows = [{"ids": rng.integers(1, 95, int(n)).tolist(), "prompt_len": 4} for n in rng.integers(20, 40, 4)]
+    store = FeatureStore.build(target, rows, [0, 2], tmp_path / "features.bin")
+    assert store.dtype == torch.bfloat16 and store.data.dtype == np.uint16
+    for i, r in enumerate(rows):
+        ids = torch.tensor([r["ids"]])
+        feats = target(ids, torch.arange(ids.shape[1])[None], feature_layers=[0, 2])[1][0]
+        assert feats.dtype == torch.float32
+        got = store.batch([i], len(r["ids"]))[0]
+        assert torch.equal(got, got.bfloat16().float())                        # stored rounded to bf16
+        torch.testing.assert_close(got, feats, atol=1e-2, rtol=1 / 128)      # within a bf16 step
+    drafter = load_drafter(tiny_pair[1], target).float()
+    res = heldout_tau(drafter, target, rows, drafter.config.block_size, drafter.config.mask_token_id)
+    assert 1.0 <= res["heldout_walked_tau"] <= drafter.config.block_size
 
 
 def test_the_held_out_walk_predicts_the_engines_rounds(trained):

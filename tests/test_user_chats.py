@@ -28,7 +28,8 @@ def test_the_held_out_user_set_holds_each_part_and_no_training_request():
         assert r["messages"][2]["content"] in user_chats.HELDOUT_FOLLOW_UPS
     assert not set(user_chats.HELDOUT_FOLLOW_UPS) & set(user_chats.FOLLOW_UPS)
     held = _user_texts(rows)
-    training = _user_texts(user_chats.user_requests()) | _user_texts(chat_prompts("train"))
+    training = (_user_texts(user_chats.user_requests()) | _user_texts(user_chats.more_general_requests())
+                | _user_texts(chat_prompts("train")))
     assert not held & training
     # the everyday questions are the ones written for the set, never a template's
     everyday = [r["messages"][0]["content"] for r in rows if r["kind"] in ("everyday", "second-everyday")]

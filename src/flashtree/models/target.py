@@ -27,6 +27,7 @@ from .layers import (
     page_rows,
     paged_applies,
 )
+from .quant import QuantLinear
 
 
 class DecoderLayer(nn.Module):
@@ -88,6 +89,13 @@ class TargetModel(nn.Module):
     def kv_dtype(self) -> torch.dtype:
         """The KV cache's dtype (and the drafter's): `cache_dtype`, else the activations'."""
         return self.cache_dtype or self.compute_dtype
+
+    def head_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The LM head's weight [V, H] as a dense `dtype` matrix, dequantized where the head is in
+        blocks: the frozen head a drafter trains against (a copy; the model keeps its own)."""
+        if isinstance(self.lm_head, QuantLinear):
+            return self.lm_head.blocks.dequantize(dtype)
+        return self.lm_head.weight.detach().to(dtype, copy=True)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 feature_layers: list[int] | None = None, mask: torch.Tensor | None = None

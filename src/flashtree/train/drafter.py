@@ -309,7 +309,7 @@ def chain_taus(drafter: DFlashDrafter, target, row: dict, block_size: int, mask_
     anchors = torch.arange(row["prompt_len"] - 1, T - B, stride)[None]          # [1, A]
     if anchors.numel() == 0:
         return torch.zeros(0)
-    head = target.lm_head.weight.float() if head is None else head
+    head = target.head_weight() if head is None else head
     _, feats = target(ids, torch.arange(T)[None], feature_layers=drafter.config.target_layer_ids)
     block_pos = (anchors[:, :, None] + torch.arange(B)).flatten(1)              # [1, A*B]
     block_ids = torch.full_like(block_pos, mask_id)
@@ -320,7 +320,8 @@ def chain_taus(drafter: DFlashDrafter, target, row: dict, block_size: int, mask_
     mask = torch.cat([ctx_vis, (blk[:, None] == blk[None, :])[None]], dim=-1)[:, None]
     dt = next(drafter.parameters()).dtype                                     # training: float32
     embeds = target.model.embed_tokens(block_ids).to(dt)
-    hidden = drafter(embeds, block_pos, feats.to(dt), torch.arange(T)[None], mask=mask)
+    feats = feats.to(target.kv_dtype).to(dt)  # rounded as the engine hands them to the drafter
+    hidden = drafter(embeds, block_pos, feats, torch.arange(T)[None], mask=mask)
     hit = (F.linear(hidden.float(), head).argmax(-1) == labels).view(-1, B)[:, 1:]   # [A, B-1]
     return 1 + hit.int().cumprod(1).sum(1).float()
 
@@ -345,7 +346,7 @@ def heldout_tau(drafter: DFlashDrafter, target, rows: list[dict], block_size: in
     (`walk`: the τ an engine reports, lower)."""
     was_training = drafter.training
     drafter.eval()
-    head = target.lm_head.weight.float()  # once, not per row (a bf16 target's head widened)
+    head = target.head_weight()  # once, not per row (float32: a bf16 head widened, blocks dequantized)
     taus = [chain_taus(drafter, target, r, block_size, mask_id, 1, head) for r in rows]
     if was_training:
         drafter.train()
@@ -479,10 +480,10 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
     layers_tag = "-".join(map(str, recipe.target_layer_ids))
     store = FeatureStore.build(target, rows, recipe.target_layer_ids, work / f"features-{layers_tag}.bin",
                                topk=recipe.distill_topk)
-    head = target.lm_head.weight.float()  # the frozen head in the drafter's float32 (a copy for bf16 targets)
-    # a target served in bf16 (a CPU with bf16 products) trains its drafter in mixed precision:
-    # float32 weights and optimiser, bf16 products (a step 1.4 s -> 0.9 s for SmolLM2, 2 cores)
-    mixed = next(target.parameters()).dtype == torch.bfloat16
+    head = target.head_weight()  # the frozen head in the drafter's float32 (blocks dequantized)
+    # a drafter served in bf16 (a CPU with bf16 products) trains in mixed precision: float32
+    # weights and optimiser, bf16 products (a step 1.4 s -> 0.9 s for SmolLM2, 2 cores)
+    mixed = target.kv_dtype == torch.bfloat16
     drafter.train()
     while state.step < recipe.steps:
         index = rng.integers(0, len(rows), recipe.batch_size).tolist()

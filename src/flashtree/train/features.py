@@ -3,13 +3,13 @@
 A drafter training step needs the tapped target layers' hidden states for its batch. Running the
 target for them every step is most of a step's cost on a CPU (28 of SmolLM2's 30 layers over
 ~2,400 tokens against a two-layer drafter), and they are the same every epoch. `FeatureStore`
-runs the target once over all rows and writes the features to one memory-mapped file in the
-target's dtype, so training memory stays bounded (the file is paged in and out by the OS) however
-many rows there are. With `topk`, the same pass keeps the target's own next-token distribution at
-every position, as its K likeliest tokens and their log-probabilities (the soft labels of
-`--distill-topk`; 64 bytes a token at K = 8, against 5.8 KB of SmolLM2's five tapped layers).
-Building resumes where it stopped; a store built for other layers, dtype or
-rows is rebuilt, unless the new rows only add to the old ones (a larger data set): then the
+runs the target once over all rows and writes the features to one memory-mapped file in the dtype
+the engine hands them to the drafter in (the target's `kv_dtype`), so training memory stays
+bounded (the file is paged in and out by the OS) however many rows there are. With `topk`, the
+same pass keeps the target's own next-token distribution at every position, as its K likeliest
+tokens and their log-probabilities (the soft labels of `--distill-topk`; 64 bytes a token at K = 8,
+against 5.8 KB of SmolLM2's five tapped layers). Building resumes where it stopped; a store built
+for other layers, dtype or rows is rebuilt, unless the new rows only add to the old ones (a larger data set): then the
 built rows are kept. It does not choose rows or batches — the training loop does.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _extends(meta: dict, want: dict, offsets: np.ndarray, rows: list[dict]) -> b
 class FeatureStore:
     offsets: np.ndarray   # [rows + 1]: row i's features are data[offsets[i]:offsets[i+1]]
     data: np.memmap       # [tokens, F]
-    dtype: torch.dtype    # what the target computed them in
+    dtype: torch.dtype    # as the engine hands them to the drafter (the target's kv_dtype)
     top_ids: np.memmap | None = None    # [tokens, K] int32: the target's K likeliest next tokens at each position
     top_logp: np.memmap | None = None   # [tokens, K] float32: their log-probabilities (full softmax)
 
@@ -62,7 +62,7 @@ class FeatureStore:
         with `topk` > 0 the target's top-k next tokens (`path` + .topk-ids / .topk-logp). A store
         built without top-k is rebuilt when top-k is asked for; one built with it and grown without
         it keeps its features and drops the top-k."""
-        dtype = next(target.parameters()).dtype
+        dtype = target.kv_dtype  # the features' dtype as the engine hands them to the drafter
         width = len(layers) * target.config.hidden_size
         lengths = np.array([len(r["ids"]) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -110,7 +110,7 @@ class FeatureStore:
                     if topk:
                         top = torch.log_softmax(target.logits(hidden).float(), -1).topk(topk, -1)  # [N, T, K]
                     for b, i in enumerate(take):  # right padding: causal rows before it are unaffected
-                        f = feats[b, :lengths[i]].contiguous()
+                        f = feats[b, :lengths[i]].to(dtype).contiguous()
                         data[offsets[i]:offsets[i + 1]] = (f.view(view) if view else f).numpy()
                         if topk:
                             top_ids[offsets[i]:offsets[i + 1]] = top.indices[b, :lengths[i]].int().numpy()

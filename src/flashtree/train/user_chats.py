@@ -81,6 +81,22 @@ QUESTION_TEMPLATES = (
     "Write a poem about {t}.",
     "Summarise the main ideas behind {t} in a paragraph.",
 )
+# A second list for the second round of training data (`more_general_requests`): other phrasings,
+# other shapes of answer (a dialogue, an outline, a myth corrected), none a held-out question.
+MORE_QUESTION_TEMPLATES = (
+    "Can you help me understand {t}?",
+    "I have to give a five-minute talk on {t}. Can you outline it?",
+    "Tell me some fun facts about {t}.",
+    "My friend says {t} is overrated. What do you think?",
+    "How has {t} changed over the last fifty years?",
+    "Write a short dialogue between two friends talking about {t}.",
+    "What three questions should I ask an expert on {t}?",
+    "Describe {t} in simple words for a child.",
+    "List the tools or resources someone needs for {t}.",
+    "What is a common myth about {t}, and what is the truth?",
+    "Write a haiku and a limerick about {t}.",
+    "How would you explain {t} in a text message to a friend?",
+)
 FOLLOW_UPS = (
     "Can you explain that more simply?", "Thanks! Can you make it shorter?", "Can you give me an example?",
     "What would you change to make it better?", "Why does that work?", "Can you put that in a table?",
@@ -198,6 +214,13 @@ def general_requests() -> list[dict]:
     return [{"id": f"general/{i}:{j}", "kind": "everyday",
              "messages": [{"role": "user", "content": q.format(t=t)}]}
             for i, t in enumerate(TOPICS) for j, q in enumerate(QUESTION_TEMPLATES)]
+
+
+def more_general_requests() -> list[dict]:
+    """Every topic x `MORE_QUESTION_TEMPLATES` question (training only; the second round's)."""
+    return [{"id": f"general2/{i}:{j}", "kind": "everyday",
+             "messages": [{"role": "user", "content": q.format(t=t)}]}
+            for i, t in enumerate(TOPICS) for j, q in enumerate(MORE_QUESTION_TEMPLATES)]
 
 
 def second_turn(messages: list[dict], answer: str, follow_up: str) -> list[dict]:
