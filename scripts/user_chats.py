@@ -110,7 +110,7 @@ def more(args) -> None:
 
 def tau(args) -> None:
     m, target, tok = _target()
-    drafter = load_drafter(Path(args.drafter) if args.drafter else m.drafter, target)
+    drafter = load_drafter(Path(args.drafter) if args.drafter else m.drafter, target, quant=None)  # as trained
     drafter.float()
     out = {}
     for path in args.chats or [str(HELDOUT_CHATS), str(USER_CHATS)]:

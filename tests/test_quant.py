@@ -492,6 +492,37 @@ def test_blocks_compute_in_float32_beside_bf16_storage_under_dtype_auto(monkeypa
     assert loader.resolve_dtypes("auto", cpu, quantized=True)[:2] == (torch.bfloat16, torch.bfloat16)
 
 
+@needs_kernel
+def test_a_drafter_beside_a_target_in_blocks_runs_its_projections_in_q8_0(tiny_pair, monkeypatch):
+    """The drafter's rule (`loader.drafter_quant`): q8_0 blocks beside a target in blocks, its
+    stored dtype beside a float target, FLASHTREE_DRAFTER_QUANT overriding; the fused drafter keeps
+    its k/v rows apart for the context, and they give what the fused projection's k/v rows give."""
+    from flashtree.config import ConfigError
+    from flashtree.models.quant import QuantLinear
+    monkeypatch.delenv("FLASHTREE_DRAFTER_QUANT", raising=False)
+    blocks = loader.load_target(tiny_pair[0], dtype="float32", device="cpu", quant="q8_0", cache_dtype="bfloat16")
+    plain = loader.load_target(tiny_pair[0], dtype="float32", device="cpu", quant=None)
+    assert loader.drafter_quant(blocks) == "q8_0" and loader.drafter_quant(plain) is None
+    drafter = loader.load_drafter(tiny_pair[1], blocks).fuse()
+    projections = [m for m in drafter.modules() if isinstance(m, (QuantLinear, torch.nn.Linear))]
+    assert projections and all(isinstance(m, QuantLinear) and m.kind == "q8_0" for m in projections)
+    assert not any(isinstance(m, QuantLinear) for m in loader.load_drafter(tiny_pair[1], plain).modules())
+    assert not any(isinstance(m, QuantLinear) for m in loader.load_drafter(tiny_pair[1], blocks, quant=None).modules())
+    attn = drafter.layers[0].self_attn
+    x = torch.randn(1, 5, attn.qkv_proj.in_features).bfloat16()
+    cos, sin = drafter.rotary_emb(torch.arange(5)[None], x.dtype)
+    k, v = attn.project_kv(x, cos, sin)
+    _, k_all, v_all = attn.project(x, cos, sin)
+    assert torch.equal(k, k_all) and torch.equal(v, v_all)
+    monkeypatch.setenv("FLASHTREE_DRAFTER_QUANT", "none")
+    assert loader.drafter_quant(blocks) is None
+    monkeypatch.setenv("FLASHTREE_DRAFTER_QUANT", "q4_0")
+    assert loader.drafter_quant(plain) == "q4_0"
+    monkeypatch.setenv("FLASHTREE_DRAFTER_QUANT", "q6_k")
+    with pytest.raises(ConfigError, match="FLASHTREE_DRAFTER_QUANT='q6_k' is not supported"):
+        loader.drafter_quant(blocks)
+
+
 def test_float32_rows_against_a_bf16_weight_are_its_bf16_product():
     """A float projection stored in bf16 beside float32 activations (a blocks target's Q6_K
     fallbacks): the bf16 product widened, the bias added in float32 — eager and packed alike."""

@@ -116,8 +116,11 @@ class LLM:
                              decode=self.tokenizer.decode, grammars=Grammars.from_tokenizer(
                                  self.tokenizer.tk, self.target.config.vocab_size, self.tokenizer.eos_token_ids))
         eng = self.engine
+        drafter_quant = describe_quant(self.drafter) if self.drafter is not None else None
         log.info("loaded %s%s: %s%s%s on %s, instruction path %s, %d threads (%s), KV cache %d tokens",
-                 self.model_name or self.model_path, f" + drafter {self.draft_path.name}" if self.draft_path else "",
+                 self.model_name or self.model_path,
+                 (f" + drafter {self.draft_path.name}{f' ({drafter_quant})' if drafter_quant else ''}"
+                  if self.draft_path else ""),
                  str(eng.dtype).removeprefix("torch."), f", weights {self.quant}" if self.quant else "",
                  f", KV cache and drafter {str(eng.kv_dtype).removeprefix('torch.')}" if eng.kv_dtype != eng.dtype else "",
                  eng.device,

@@ -25,6 +25,8 @@ SWITCHES = {
     "FLASHTREE_THREADS": "the most compute threads (default: one per core)",
     "FLASHTREE_THREAD_POLICY": "'fixed': always that many threads; default 'follow': as many as the cores "
                                "other processes leave free, re-read twice a second",
+    "FLASHTREE_DRAFTER_QUANT": "q8_0 | none: the drafter's projections beside a target in blocks "
+                               "(default: q8_0 there, else the drafter's stored dtype)",
     "FLASHTREE_DRAFT_VOCAB": "off: the drafter drafts over the whole vocabulary, not its draft vocabulary",
     "FLASHTREE_API_KEY": "the API key `flashtree serve` requires (unlike --api-key, not visible in ps)",
 }

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..engine.engine_config import DEFAULT_MAX_BATCH_SIZE
 from ..errors import UserError
+from ..models.quant import describe as describe_quant
 from ..speculative.proposer import METHODS, needs_drafter
 from .generate import (
     add_model_arguments,
@@ -214,6 +215,7 @@ def run(args, patch=None) -> int:
         "block_size": llm.engine.limits.default_block_size, "device": str(llm.engine.device),
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "kv_dtype": str(llm.engine.kv_dtype).removeprefix("torch."), "quant": llm.quant,
+        "drafter_quant": describe_quant(llm.drafter) if llm.drafter is not None else None,
         "isa": path["isa"], "threads": llm.engine.threads.most, "cpu_path": path,
         "prompts": bm.portable_path(args.prompts or PROMPTS_FILE),
         "num_prompts": len(prompts), "prompt_tokens": [len(p) for p in prompt_ids],

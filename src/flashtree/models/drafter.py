@@ -114,6 +114,6 @@ class DFlashDrafter(nn.Module):
     def fuse(self) -> DFlashDrafter:
         """Fused q/k/v and gate/up GEMMs in every layer (inference only; same results)."""
         for layer in self.layers:
-            layer.self_attn.fuse()
+            layer.self_attn.fuse(kv_apart=True)
             layer.mlp.fuse()
         return self

@@ -222,14 +222,21 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj") and isinstance(self.qkv_proj, Linear):
             self.kv_packed = _packed_for_cpu(self.qkv_proj.weight[self.n_heads * self.head_dim:])
 
-    def fuse(self) -> None:
-        """Replace q/k/v_proj by one `qkv_proj` (rows q, then k, then v): one GEMM per layer."""
+    def fuse(self, kv_apart: bool = False) -> None:
+        """Replace q/k/v_proj by one `qkv_proj` (rows q, then k, then v): one GEMM per layer. With
+        `kv_apart` (the drafter, whose context rows need k and v only), a fused projection in
+        blocks keeps a copy of its k/v rows as `kv_proj` (a float one slices its weight instead)."""
         if hasattr(self, "qkv_proj"):
             return
         fused = _fused((self.q_proj, self.k_proj, self.v_proj))
         if fused is not None:
             self.qkv_proj = fused
             del self.q_proj, self.k_proj, self.v_proj
+            if kv_apart and isinstance(fused, quant.QuantLinear):
+                nq = self.n_heads * self.head_dim
+                rows = torch.arange(nq, fused.out_features, device=fused.qs.device)
+                bias = None if fused.bias is None else fused.bias.detach()[nq:]
+                self.kv_proj = quant.QuantLinear(fused.form.rows(rows), bias)
 
     def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, T, H, D], k and v [B, T, Hkv, D], with q/k norms and RoPE applied."""
@@ -242,7 +249,9 @@ class Attention(nn.Module):
 
     def project_kv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """k and v only (the drafter's context): the k/v rows of the fused weight."""
-        if hasattr(self, "qkv_proj"):
+        if hasattr(self, "kv_proj"):
+            k, v = self.kv_proj(x).chunk(2, dim=-1)
+        elif hasattr(self, "qkv_proj"):
             nq = self.n_heads * self.head_dim
             w, b = self.qkv_proj.weight[nq:], self.qkv_proj.bias
             k, v = dense(x, w, None if b is None else b[nq:], self.kv_packed).chunk(2, dim=-1)

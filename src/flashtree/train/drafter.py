@@ -30,6 +30,7 @@ from ..engine.engine_config import EngineConfig
 from ..errors import UserError
 from ..models.drafter import DFlashDrafter
 from ..models.loader import load_drafter, load_target, save_module
+from ..models.quant import QuantLinear
 from ..sampling_params import SamplingParams
 from ..speculative.proposer import PLAIN
 from ..tokenizer import Tokenizer
@@ -397,6 +398,19 @@ def init_from_drafter(drafter: DFlashDrafter, old: DFlashDrafter, target, rows: 
     print(f"init-from: fc refit on {len(X)} tokens, R^2 {fit.item():.4f}")
 
 
+def dense_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s state dict with each projection in blocks as its dequantized float32 `weight`
+    (and its bias): what a drafter layer warm-started from a target layer in blocks loads."""
+    state = dict(module.state_dict())
+    for name, sub in module.named_modules():
+        if isinstance(sub, QuantLinear):
+            state = {k: v for k, v in state.items() if not k.startswith(f"{name}.")}
+            state[f"{name}.weight"] = sub.blocks.dequantize()
+            if sub.bias is not None:
+                state[f"{name}.bias"] = sub.bias.detach().float()
+    return state
+
+
 def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe, resume: bool = False,
                   max_minutes: float | None = None, init_from: Path | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
@@ -422,7 +436,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             first = tc.num_hidden_layers - recipe.num_layers
             for i, layer in enumerate(drafter.layers):
                 # a llama/qwen2 target has no q/k norms: the drafter's (Qwen3 layers) start at ones
-                missing, _ = layer.load_state_dict(target.model.layers[max(first + i, 0)].state_dict(), strict=False)
+                missing, _ = layer.load_state_dict(dense_state(target.model.layers[max(first + i, 0)]), strict=False)
                 if set(missing) - {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}:
                     raise UserError(f"warm start: the target's layers lack {sorted(missing)}; pass --no-warm-start")
             n = len(recipe.target_layer_ids)
@@ -466,7 +480,7 @@ def train_drafter(target_dir: Path, out: Path, work: Path, recipe: DrafterRecipe
             if held_path.is_file():
                 heldout[name] = usable([json.loads(line) for line in held_path.open()], recipe.block_size)
     if init_from is not None and state.step == 0:
-        init_from_drafter(drafter, load_drafter(init_from, target), target, rows[:64])
+        init_from_drafter(drafter, load_drafter(init_from, target, quant=None), target, rows[:64])
 
     gamma = recipe.gamma or gamma_for(recipe.block_size)
     B = recipe.block_size
