@@ -294,6 +294,51 @@ def test_a_drafter_pass_that_catches_up_on_a_long_context_is_not_the_drafters_co
     assert c.catch_up(50) == pytest.approx(2e-3) and c.catch_up(0) == 0.0 and CostTable().catch_up(50) == 0.0
 
 
+def test_the_catch_up_price_weighs_each_pass_by_its_rows():
+    """A catch-up of 2 rows whose excess is the steady pass's timing noise (5 ms) does not set
+    the price of a row: the price is total excess over total rows (EMAs of both), so 400 rows
+    caught up at 0.05 ms each bring it within 2x of that, where an EMA of per-pass prices would
+    stay at ~2 ms a row. A pass that ran faster than a steady one lowers it; it never goes below 0."""
+    c = CostTable()
+    c.record_catch_up(2, 5e-3)
+    assert c.context_row_s == pytest.approx(2.5e-3)
+    c.record_catch_up(400, 400 * 5e-5)
+    assert 5e-5 < c.context_row_s < 1e-4  # (0.8 * 5 + 0.2 * 20 ms) / (0.8 * 2 + 0.2 * 400 rows)
+    before = c.context_row_s
+    c.record_catch_up(10, -1e-3)
+    assert 0 < c.context_row_s < before
+    d = CostTable()
+    d.record_catch_up(3, -2e-3)
+    assert d.context_row_s == 0.0 and d.catch_up(100) == 0.0
+
+
+def test_drafting_rounds_that_ran_over_their_price_raise_the_price_of_the_next():
+    """A batch size's steady drafting rounds that take longer than their predicted cost (verify +
+    walk + overhead at their width, and the drafter pass) teach the table a factor that the next
+    drafting round's price is multiplied by, so a round predicted to beat plain decoding by a few
+    percent no longer drafts where such rounds have run 10 % over. Plain rounds, a batch size's
+    first (cold) drafter pass and a pass that caught up on context rows teach nothing; another
+    batch size keeps its own factor."""
+    from flashtree.speculative.costs import drafting_pays
+    c = table(lambda b, t: 1e-3 * (1 + 0.25 * (t - 1)), batches=(8,), draft=1e-3)
+    predicted = c.round_cost(8, 4) + c.draft(8)
+    c.observe(8, 1, 0, RoundTimes(verify_forward=1e-3), 3e-3)                          # plain
+    c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 10 * predicted)  # cold first pass
+    c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 2 * predicted, caught_up=50)
+    assert c.error(8) == 1.0 and c.wide_error == {}
+    for _ in range(30):
+        c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 1.1 * (c.round_cost(8, 4) + c.draft(8)))
+    assert 1.05 < c.error(8) < 1.15 and c.error(1) == 1.0
+    # a curve worth 1.05x plain decoding's rate at width 4 before: not once its rounds run 10 % over
+    c2 = table(lambda b, t: 1e-3 * (1 + 0.25 * (t - 1)), batches=(8,), draft=1e-3, learn=False)
+    plain_rate = 8 / c2.round_cost(8, 1)
+    per_seq = 1.05 * plain_rate * (c2.round_cost(8, 4) + 1e-3) / 8   # tokens a sequence must commit at T=4
+    curve = np.array([1.0, per_seq - 1, per_seq - 0.5, per_seq])  # E[tau | N nodes], N = 0..3: best at T=4
+    assert drafting_pays([curve] * 8, c2, 8, 1e-3)
+    c2.wide_error[8] = 1.1
+    assert not drafting_pays([curve] * 8, c2, 8, 1e-3)
+
+
 def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     """The context rows a drafter pass would first feed (what its sequences decoded plainly since
     they last drafted) are part of that round's cost: a curve that beats plain decoding with a

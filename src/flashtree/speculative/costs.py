@@ -85,6 +85,10 @@ class CostTable:
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
     context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
+    _catch_up: tuple[float, float] | None = field(default=None, repr=False)  # EMAs of (rows, excess seconds)
+                                                                            # of the catch-up passes
+    wide_error: dict[int, float] = field(default_factory=dict)  # batch -> its steady drafting rounds' wall time
+                                                                # over their predicted cost (an EMA; see error)
     drift: dict[int, float] = field(default_factory=dict)  # seeded batch -> its clock: rounds' verify seconds
                                                            # over the seeds' line x the width's residual
     learn: bool = True
@@ -209,10 +213,20 @@ class CostTable:
         return interpolate(self.draft_s, batch) if self.draft_s else None
 
     def record_catch_up(self, rows: int, secs: float) -> None:
-        """A drafter pass that caught up on `rows` context rows cost `secs` more than a steady pass."""
-        per_row = secs / rows
-        old = self.context_row_s
-        self.context_row_s = per_row if old is None else (1 - COST_EMA) * old + COST_EMA * per_row
+        """A drafter pass that caught up on `rows` context rows cost `secs` more than a steady pass
+        (negative when it ran faster: timing noise). The per-row cost is the ratio of the EMAs of
+        rows and seconds — a line through the origin, each pass weighted by its rows — not an EMA
+        of each pass's secs / rows: the excess of a pass that caught up on 2 rows is mostly the
+        steady pass's noise (+-1 ms of ~11 at C=8, amx), and divided by 2 it would price every row
+        at ~1 ms, 20-40x what long catch-ups measure (0.025-0.05 ms a row): every probe after a
+        plain stretch would look ruinous, and a repeat-called one would be judged on that price."""
+        if self._catch_up is None:
+            self._catch_up = (float(rows), secs)
+        else:
+            r, s = self._catch_up
+            self._catch_up = (r + COST_EMA * (rows - r), s + COST_EMA * (secs - s))
+        r, s = self._catch_up
+        self.context_row_s = max(s, 0.0) / r
 
     def catch_up(self, rows: int) -> float:
         """What a drafter pass costs beyond a steady one for `rows` context rows it must first
@@ -237,6 +251,16 @@ class CostTable:
             self._ema(self.walk_s, batch, secs)
         elif batch in self.walk_s:
             self._ema(self.walk_row_s, batch, max(secs - self.walk_s[batch], 0.0) / (batch * (tokens - 1)))
+
+    def error(self, batch: int) -> float:
+        """How drafting rounds of `batch` sequences have run against their predicted cost (1 until
+        one is measured): the factor a drafting round's predicted cost is multiplied by before it
+        is weighed against plain decoding. The prediction is biased low where it matters: a batch
+        size no seed priced (C=8 beside seeds at 1 and 16) has each width's price from its own
+        rounds, the wide ones measured minutes apart from the plain one, and a round is drafted
+        exactly when its price looks low — at C=8, T=0 (amx) rounds predicted at 1.02-1.07x plain
+        decoding's rate ran at 0.78-0.92x, their wall time 5-10 % over the prediction."""
+        return self.wide_error.get(batch, 1.0)
 
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
@@ -282,14 +306,18 @@ class CostTable:
         and all the rest — packing, commit, scheduling, Python — which a plain round pays too."""
         if not self.learn:
             return
-        self.record_verify(batch, tokens, times.verify_forward)
         draft = times.draft + times.tree
+        if tokens > 1 and drafted and not caught_up and drafted in self._passes_seen and self.draft_s:
+            # a steady drafting round against its prediction, priced before this round's records
+            predicted = self.round_cost(batch, tokens) + self.draft(drafted)
+            self.wide_error[batch] = eased(self.error(batch), seconds / predicted)
+        self.record_verify(batch, tokens, times.verify_forward)
         if drafted and not caught_up and drafted not in self._passes_seen:
             self._passes_seen.add(drafted)  # a first pass at a batch size is a cold call (~100x a steady one, eager)
         elif drafted and not caught_up:
             self.record_draft(drafted, draft)
         elif drafted and self.draft_s:
-            self.record_catch_up(caught_up, max(draft - self.draft(drafted), 0.0))
+            self.record_catch_up(caught_up, draft - self.draft(drafted))
         walk = times.verify_walk
         self.record_walk(batch, tokens, walk)
         self.record_overhead(batch, tokens, max(seconds - times.verify_forward - draft - walk, 0.0))
@@ -300,7 +328,8 @@ def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
                 floor: int = 1, fixed: float = 0.0) -> list[tuple[int, float]] | None:
     """Expected committed tokens per second of the round for each forward width T >= floor (the
     widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
-    node)) / (draft_cost + round cost at T). `fixed`: tokens expected from the other sequences.
+    node)) / (draft_cost + round cost at T), a drafting width's cost times `costs.error(batch)`.
+    `fixed`: tokens expected from the other sequences.
     Returns [(T, rate)] in increasing T, or None while no forward is measured."""
     top = max([floor] + [len(c) for c in curves])
     cost = costs.round_costs(batch, top)
@@ -311,7 +340,8 @@ def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
         n = len(c)
         for T in range(floor, top + 1):
             gain[T] += c[T - 1] if T <= n else c[n - 1]
-    return [(T, gain[T] / (draft_cost + cost[T])) for T in range(floor, top + 1)]
+    err = costs.error(batch)  # a drafting round's predicted cost, corrected by how such rounds ran
+    return [(T, gain[T] / ((draft_cost + cost[T]) * (err if T > 1 else 1.0))) for T in range(floor, top + 1)]
 
 
 def choose_tokens(curves: list, costs: CostTable, batch: int, draft_cost: float,
