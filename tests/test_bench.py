@@ -58,6 +58,9 @@ def test_bench_writes_consistent_report(bench):
     assert meta["versions"]["torch"]
     assert len(cells) == 2 * 2 * 4 and len(peers) == 2 * 2
     assert {c["label"] for c in cells} == {"ar", "dflash", "ddtree@3", "ddtree@auto"}
+    for a in rep["auto_costs"]:  # auto's table as each group left it, its price corrections included
+        assert a["verify_ms"] and a["draft_ms"] and all(e > 0 for e in a["error"].values())
+        assert a["context_row_ms"] is None or a["context_row_ms"] >= 0
     expected_tokens = 2 * 2 * 6  # repeats x prompts x max_tokens (ignore_eos)
     for c in cells:
         assert c["completion_tokens"] == expected_tokens

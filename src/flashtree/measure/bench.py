@@ -403,11 +403,15 @@ def run_bench(llm, prompt_ids: list[list[int]], base: SamplingParams, plan: Benc
 
 def cost_table_snapshot(costs) -> dict:
     """Auto's cost table as the group left it (JSON): verify ms by "batch x tokens", its drift
-    against the seeds by batch, and the drafter pass ms by batch — to read beside the isolated
+    against the seeds by batch, the drafter pass ms by batch, how drafting rounds ran against
+    their price by batch (`error`) and a caught-up context row's ms — to read beside the isolated
     component costs the report times after the group."""
+    row = costs.context_row_s
     return {"verify_ms": {f"{b}x{t}": round(s * 1e3, 3) for (b, t), s in sorted(costs.verify_s.items())},
             "drift": {str(b): round(d, 3) for b, d in sorted(costs.drift.items())},
-            "draft_ms": {str(b): round(s * 1e3, 3) for b, s in sorted(costs.draft_s.items())}}
+            "draft_ms": {str(b): round(s * 1e3, 3) for b, s in sorted(costs.draft_s.items())},
+            "error": {str(b): round(e, 3) for b, e in sorted(costs.wide_error.items())},
+            "context_row_ms": None if row is None else round(row * 1e3, 4)}
 
 
 # ---------------------------------------------------------------------------- exactness

@@ -218,7 +218,7 @@ class CostTable:
         rows and seconds — a line through the origin, each pass weighted by its rows — not an EMA
         of each pass's secs / rows: the excess of a pass that caught up on 2 rows is mostly the
         steady pass's noise (+-1 ms of ~11 at C=8, amx), and divided by 2 it would price every row
-        at ~1 ms, 20-40x what long catch-ups measure (0.025-0.05 ms a row): every probe after a
+        at ~1 ms, 20-150x what long catch-ups measure (0.006-0.05 ms a row): every probe after a
         plain stretch would look ruinous, and a repeat-called one would be judged on that price."""
         if self._catch_up is None:
             self._catch_up = (float(rows), secs)
