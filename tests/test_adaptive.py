@@ -320,15 +320,18 @@ def test_drafting_rounds_that_ran_over_their_price_raise_the_price_of_the_next()
     first (cold) drafter pass and a pass that caught up on context rows teach nothing; another
     batch size keeps its own factor."""
     from flashtree.speculative.costs import drafting_pays
-    c = table(lambda b, t: 1e-3 * (1 + 0.25 * (t - 1)), batches=(8,), draft=1e-3)
+    c = table(lambda b, t: 1e-3 * (1 + 0.25 * (t - 1)), batches=(1, 8), draft=1e-3)
     predicted = c.round_cost(8, 4) + c.draft(8)
     c.observe(8, 1, 0, RoundTimes(verify_forward=1e-3), 3e-3)                          # plain
     c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 10 * predicted)  # cold first pass
     c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 2 * predicted, caught_up=50)
     assert c.error(8) == 1.0 and c.wide_error == {}
+    c.observe(1, 4, 1, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 10 * predicted)  # batch 1's cold pass
     for _ in range(30):
         c.observe(8, 4, 8, RoundTimes(verify_forward=1.75e-3, draft=1e-3), 1.1 * (c.round_cost(8, 4) + c.draft(8)))
-    assert 1.05 < c.error(8) < 1.15 and c.error(1) == 1.0
+        c.observe(1, 4, 1, RoundTimes(verify_forward=1.75e-3, draft=1e-3), c.round_cost(1, 4) + c.draft(1))
+    assert 1.05 < c.error(8) < 1.15 and c.error(1) == pytest.approx(1.0)
+    assert c.priced(8, 4, 1.0) == c.error(8) and c.priced(8, 1, 1.0) == 1.0  # a plain width is not corrected
     # a curve worth 1.05x plain decoding's rate at width 4 before: not once its rounds run 10 % over
     c2 = table(lambda b, t: 1e-3 * (1 + 0.25 * (t - 1)), batches=(8,), draft=1e-3, learn=False)
     plain_rate = 8 / c2.round_cost(8, 1)

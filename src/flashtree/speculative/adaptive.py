@@ -390,7 +390,7 @@ class AdaptiveBudget:
         plain, spent = self.costs.round_cost(len(batch), 1), self.costs.round_cost(len(batch), T)
         # the round costs (draft + forward at T) what `break_even` plain rounds do: each sequence
         # must commit that many tokens for drafting to have paid
-        break_even = (draft_cost + spent) * (self.costs.error(len(batch)) if T > 1 else 1.0) / plain if plain else 2.0
+        break_even = self.costs.priced(len(batch), T, draft_cost + spent) / plain if plain else 2.0
         trees, choices = list(trees), [None] * len(batch)
         for b, curve in curves.items():
             n = min(T - 1, trees[b].size - 1)

@@ -217,9 +217,10 @@ class CostTable:
         (negative when it ran faster: timing noise). The per-row cost is the ratio of the EMAs of
         rows and seconds — a line through the origin, each pass weighted by its rows — not an EMA
         of each pass's secs / rows: the excess of a pass that caught up on 2 rows is mostly the
-        steady pass's noise (+-1 ms of ~11 at C=8, amx), and divided by 2 it would price every row
-        at ~1 ms, 20-150x what long catch-ups measure (0.006-0.05 ms a row): every probe after a
-        plain stretch would look ruinous, and a repeat-called one would be judged on that price."""
+        steady pass's noise (steady passes of 9-15 ms at C=8, amx), and divided by 2 it would price
+        a row at ~1 ms, 20x and more what long catch-ups measure (0.006-0.05 ms a row): every probe
+        after a plain stretch would look ruinous, and a repeat-called one would be judged on that
+        price."""
         if self._catch_up is None:
             self._catch_up = (float(rows), secs)
         else:
@@ -261,6 +262,11 @@ class CostTable:
         exactly when its price looks low — at C=8, T=0 (amx) rounds predicted at 1.02-1.07x plain
         decoding's rate ran at 0.78-0.92x, their wall time 5-10 % over the prediction."""
         return self.wide_error.get(batch, 1.0)
+
+    def priced(self, batch: int, tokens: int, secs: float) -> float:
+        """`secs` (a round's predicted draft + round cost at width `tokens`) as the choice weighs
+        it: a drafting width's times `error(batch)`, a plain one's as it is."""
+        return secs * self.error(batch) if tokens > 1 else secs
 
     def round_cost(self, batch: int, tokens):
         """A round without its draft: the verify forward, its sampling walk and the round's other
@@ -328,7 +334,8 @@ def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
                 floor: int = 1, fixed: float = 0.0) -> list[tuple[int, float]] | None:
     """Expected committed tokens per second of the round for each forward width T >= floor (the
     widest tree of the batch's other sequences): (fixed + sum of each curve at min(T-1, its last
-    node)) / (draft_cost + round cost at T), a drafting width's cost times `costs.error(batch)`.
+    node)) / (draft_cost + round cost at T), priced by `CostTable.priced` (a drafting width's
+    corrected by how such rounds ran).
     `fixed`: tokens expected from the other sequences.
     Returns [(T, rate)] in increasing T, or None while no forward is measured."""
     top = max([floor] + [len(c) for c in curves])
@@ -340,8 +347,7 @@ def token_rates(curves: list, costs: CostTable, batch: int, draft_cost: float,
         n = len(c)
         for T in range(floor, top + 1):
             gain[T] += c[T - 1] if T <= n else c[n - 1]
-    err = costs.error(batch)  # a drafting round's predicted cost, corrected by how such rounds ran
-    return [(T, gain[T] / ((draft_cost + cost[T]) * (err if T > 1 else 1.0))) for T in range(floor, top + 1)]
+    return [(T, gain[T] / costs.priced(batch, T, draft_cost + cost[T])) for T in range(floor, top + 1)]
 
 
 def choose_tokens(curves: list, costs: CostTable, batch: int, draft_cost: float,
