@@ -2,8 +2,11 @@
 slice by slice (8 prompts a slice, the bench's slices), the two configurations alternating in
 one process; per slice its seconds, steps and each sequence's drafted rounds.
 Usage: python ab_slices.py CONCURRENCY TEMPERATURE REPEATS"""
-import sys, json, time
+import json
+import sys
+import time
 from dataclasses import replace
+
 from flashtree import LLM, SamplingParams
 from flashtree.measure import bench as bm
 from flashtree.measure.bench import Config

@@ -1,11 +1,13 @@
 """What catch-up passes cost as the cost table learns them: (rows, excess ms, per-row price ms) per record, a diagnostic wrapping CostTable.record_catch_up. Usage: python catch_ups.py CONCURRENCY TEMPERATURE"""
-import sys, json, time
+import sys
+import time
 from dataclasses import replace
+
 from flashtree import LLM, SamplingParams
 from flashtree.measure import bench as bm
-from flashtree.train.corpus import load_prompts
-from flashtree.train.chats import HELDOUT_CHATS
 from flashtree.speculative import costs as C
+from flashtree.train.chats import HELDOUT_CHATS
+from flashtree.train.corpus import load_prompts
 
 LOG = []
 _rc = C.CostTable.record_catch_up
@@ -13,7 +15,7 @@ def rc(self, rows, secs):
     _rc(self, rows, secs)
     LOG.append((rows, round(secs * 1e3, 2), round(self.context_row_s * 1e3, 3)))
 C.CostTable.record_catch_up = rc
-conc = int(sys.argv[1]); temp = float(sys.argv[2])
+conc, temp = int(sys.argv[1]), float(sys.argv[2])
 llm = LLM(max_batch_size=16)
 prompts = load_prompts(str(HELDOUT_CHATS))[:16]
 ids = [llm.tokenizer.encode_chat(p) if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]

@@ -3,12 +3,18 @@ tokens it committed, and what auto predicted for it — the verdict's best rate 
 decoding's (`ver`), the fit's predicted tau and round cost (`pred`, `pms`). It wraps the
 controller's `verdict` and `fit` to log their inputs (instrumentation only; the product's code
 is unchanged). Usage: python rounds_traced.py [REPEATS]"""
-import sys, json, time, statistics as st
-from dataclasses import replace, fields
+import json
+import statistics as st
+import sys
+import time
+from dataclasses import fields
+
 from flashtree import LLM, SamplingParams
 from flashtree.measure import bench as bm
-from flashtree.train.corpus import load_prompts
+from flashtree.speculative import adaptive as ad
+from flashtree.speculative.costs import token_rates
 from flashtree.train.chats import HELDOUT_CHATS
+from flashtree.train.corpus import load_prompts
 
 conc, reps = 8, int(sys.argv[1]) if len(sys.argv) > 1 else 3
 llm = LLM(max_batch_size=16)
@@ -16,7 +22,7 @@ prompts = load_prompts(str(HELDOUT_CHATS))[:16]
 ids = [llm.tokenizer.encode_chat(p) if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]
 base = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
 eng = llm.engine
-from flashtree.speculative import adaptive as ad
+
 FITS = []
 _fit = ad.AdaptiveBudget.fit
 def fit(self, batch, trees, drafted, caught_up=0, held=0):
@@ -29,7 +35,7 @@ def fit(self, batch, trees, drafted, caught_up=0, held=0):
                          draft=round((c.draft(drafted) or 0) * 1e3, 1), cu=caught_up))
     return out
 ad.AdaptiveBudget.fit = fit
-from flashtree.speculative.costs import token_rates
+
 VER = {}
 _verdict = ad.verdict
 def verdict(seqs, states, batch, costs, catch_up, probe_every, credited):
@@ -69,7 +75,8 @@ for r in range(reps + 1):
             f = fits.get(first[id(t)])
             (drafted if size > 1 or t.draft > 1e-3 else plain).append((secs, tok, size, pred, t.draft, t.verify_forward, f, VER.get(first[id(t)])))
         pm = st.median([p[0] for p in plain]) if plain else float('nan')
-        FITS.clear(); VER.clear()
+        FITS.clear()
+        VER.clear()
         print(json.dumps(dict(r=r, s=s.start, sec=round(sec, 3), plain_steps=len(plain), plain_ms=round(pm * 1e3, 2),
                               drafted=[dict(ms=round(d[0] * 1e3, 1), tok=d[1], w=d[2], pred=round(sum(x or 1 for x in d[3]), 1),
                                             draft_ms=round(d[4] * 1e3, 1), fwd_ms=round(d[5] * 1e3, 1),

@@ -1,16 +1,23 @@
-"""Per-slice ar/hybrid time ratios of ab.sh's runs. Usage: python summarize.py DIR"""
+"""Per-slice ar / default time ratios of ab.sh's runs (> 1: the default faster), per arm, with
+each slice's drafted sequence-rounds. Usage: python summarize.py DIR"""
+import glob
+import json
+import statistics as st
 import sys
-import json,glob,statistics as st
-for arm in ['new','base']:
-    rs=[]; dr=[]
-    for f in sorted(glob.glob(sys.argv[1] + f'/ab_{arm}_*.jsonl')):
-        rows=[json.loads(l) for l in open(f) if l.startswith('{"')]
-        by={}
-        for d in rows:
-            if d['r']==0: continue
-            by.setdefault((d['r'],d['s']),{})[d['cfg']]=d
-        for k,v in by.items():
-            if len(v)<2: continue
-            rs.append(v['ar']['sec']/v['hybrid']['sec']); dr.append(sum(len(w) for w in v['hybrid']['drafted_at']))
-    if rs: print(arm, len(rs), 'median', round(st.median(rs),3), 'mean', round(st.mean(rs),3), 'sum-ratio')
-    print('   ', sorted(zip(dr,[round(r,2) for r in rs])))
+
+for arm in ("new", "base"):
+    ratios, drafted = [], []
+    for f in sorted(glob.glob(sys.argv[1] + f"/ab_{arm}_*.jsonl")):
+        by = {}
+        for line in open(f):
+            if line.startswith('{"'):
+                d = json.loads(line)
+                if d["r"] > 0:  # repeat 0 is the warm-up
+                    by.setdefault((d["r"], d["s"]), {})[d["cfg"]] = d
+        for pair in by.values():
+            if len(pair) == 2:
+                ratios.append(pair["ar"]["sec"] / pair["hybrid"]["sec"])
+                drafted.append(sum(len(w) for w in pair["hybrid"]["drafted_at"]))
+    if ratios:
+        print(arm, len(ratios), "median", round(st.median(ratios), 3), "mean", round(st.mean(ratios), 3))
+        print("   ", sorted(zip(drafted, [round(r, 2) for r in ratios])))
