@@ -193,10 +193,13 @@ def test_the_blocks_kernel_gives_the_same_bits_on_every_path():
 def test_a_path_above_the_cpu_is_refused_at_load():
     if cpu.native_isa() == "amx":
         pytest.skip("this CPU runs every path")
-    env = {**os.environ, "FLASHTREE_ISA": "amx"}
-    r = subprocess.run([sys.executable, "-c", "import flashtree, torch; from flashtree.models import loader; "
-                        "loader.auto_dtype(torch.device('cpu'))"], env=env, capture_output=True, text=True)
-    assert r.returncode != 0 and "above this CPU's instructions" in r.stderr
+    base = {k: v for k, v in os.environ.items() if k != "FLASHTREE_DTYPE"}  # (the suite sets it)
+    for dtype, forced in (("auto", None), ("auto", "float32"), ("float32", None), ("bfloat16", None)):
+        env = {**base, "FLASHTREE_ISA": "amx", **({"FLASHTREE_DTYPE": forced} if forced else {})}
+        r = subprocess.run([sys.executable, "-c", "import flashtree, torch; from flashtree.models import loader; "
+                            f"loader.resolve_dtypes({dtype!r}, torch.device('cpu'), False)"], env=env,
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and "above this CPU's instructions" in r.stderr, (dtype, forced, r.stderr[-500:])
 
 
 def test_env_json_names_path_dtype_quant_and_threads():

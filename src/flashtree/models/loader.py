@@ -66,6 +66,9 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if device.type == "cpu":  # a FLASHTREE_ISA above this CPU's path is refused here, whatever the dtype
+        from .. import cpu
+        cpu.isa()
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
