@@ -301,12 +301,23 @@ void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   }
 }
 
-// Every x row against weight rows [n0, n1), two at a time.
+// Every x row against weight rows [n0, n1): one x row (a decode step) three weight rows at a time,
+// more rows two at a time (`pair`), the rows left two or one at a time. Three weight rows a tile for
+// one x row: SmolLM2's Q4_1 projections and Q8_0 head at one row took a median 0.85x (0.78-1.10, 8
+// processes) the time of two rows a tile on a Zen 3 (AVX2), alternating in one process, where the
+// same code against itself at 8 rows read 0.91-1.11 (four rows a tile: 0.94-0.95x;
+// benchmarks/zen3_2026-12-07/tile_1x3). Every output is the same sequence of operations either way
+// (see `tile`), so a row's bits do not change.
 template <bool Q4, bool VNNI, typename Sc>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
           const uint8_t* qs, int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += 2) pair<Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
+  int64_t n = n0;
+  if (M == 1)
+    for (; n + 3 <= n1; n += 3)
+      tile<1, 3, Q4, VNNI, Sc>(xq, xd, xs, K, nbp, qs + n * ldq, ldq, d + n * nbp, m ? m + n * nbp : nullptr, y + n, N,
+                               bias ? bias + n : nullptr);
+  for (; n < n1; n += 2) pair<Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
 }
 
 // x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
