@@ -350,7 +350,7 @@ def test_a_drafting_round_that_must_catch_up_is_charged_for_it():
     from flashtree.speculative.adaptive import PROBE_EVERY, AdaptiveBudget, Choice, verdict
     ctl = AdaptiveBudget()
     ctl.costs = table(lambda b, t: 1e-3 * (1 + 0.05 * t), draft=1e-3, learn=False)  # steady round: ~2 plain ones
-    ctl.costs.context_row_s = 5e-5
+    ctl.costs.record_catch_up(1, 5e-5)  # a context row at 0.05 ms
     seq = FakeSeq(prompt=[1, 2, 3, 4, 5])
     seq.auto = True
     tree = build_ddtree(0, *drafts(L=4, K=3, seed=1), budget=8)

@@ -84,9 +84,7 @@ class CostTable:
                                                                           # round (wide: verified > 1 token/seq)
     walk_s: dict[int, float] = field(default_factory=dict)                # batch -> sampling walk of a plain round
     walk_row_s: dict[int, float] = field(default_factory=dict)            # batch -> its cost per extra row verified
-    context_row_s: float | None = None    # drafter pass seconds per context row it catches up on (see catch_up)
-    _catch_up: tuple[float, float] | None = field(default=None, repr=False)  # EMAs of (rows, excess seconds)
-                                                                            # of the catch-up passes
+    catch_up_ema: tuple[float, float] | None = None  # EMAs of (rows, excess seconds) of the catch-up passes
     wide_error: dict[int, float] = field(default_factory=dict)  # batch -> its steady drafting rounds' wall time
                                                                 # over their predicted cost (an EMA; see error)
     drift: dict[int, float] = field(default_factory=dict)  # seeded batch -> its clock: rounds' verify seconds
@@ -221,13 +219,20 @@ class CostTable:
         a row at ~1 ms, 20x and more what long catch-ups measure (0.006-0.05 ms a row): every probe
         after a plain stretch would look ruinous, and a repeat-called one would be judged on that
         price."""
-        if self._catch_up is None:
-            self._catch_up = (float(rows), secs)
+        if self.catch_up_ema is None:
+            self.catch_up_ema = (float(rows), secs)
         else:
-            r, s = self._catch_up
-            self._catch_up = (r + COST_EMA * (rows - r), s + COST_EMA * (secs - s))
-        r, s = self._catch_up
-        self.context_row_s = max(s, 0.0) / r
+            r, s = self.catch_up_ema
+            self.catch_up_ema = (r + COST_EMA * (rows - r), s + COST_EMA * (secs - s))
+
+    @property
+    def context_row_s(self) -> float | None:
+        """Drafter pass seconds per context row it catches up on (see `record_catch_up`), never
+        below 0; None until a catch-up is measured."""
+        if self.catch_up_ema is None:
+            return None
+        rows, secs = self.catch_up_ema
+        return max(secs, 0.0) / rows
 
     def catch_up(self, rows: int) -> float:
         """What a drafter pass costs beyond a steady one for `rows` context rows it must first
