@@ -210,10 +210,19 @@ def test_by_eights_layout_keeps_every_quant(kind, k):
     assert inter.interleaved and inter.qs.shape == w.qs.shape
     assert torch.equal(inter.quants(), w.quants()) and torch.equal(inter.dequantize(), w.dequantize())
     # the rule itself, on quants numbered by position: run s, group g, lane l holds quants 4g..4g+3 of block 8s + l
-    order = quant.order_by_eights(k)
+    order = quant.order_by_eights(k, False)
     assert sorted(order) == list(range(k))
     if k >= 256:
         assert list(order[32:40]) == [4, 5, 6, 7, 36, 37, 38, 39]  # group 1: block 0's quants 4..7, block 1's
+    # q4: groups 2h and 2h + 1 share 32 bytes, group 2h in the low nibbles (the packing puts stored
+    # positions 16c + i and 16c + 16 + i in byte i of chunk c)
+    q4 = quant.order_by_eights(k, True)
+    assert sorted(q4) == list(range(k))
+    if k >= 256:
+        nibbles = lambda b: (q4[32 * (b // 16) + b % 16], q4[32 * (b // 16) + b % 16 + 16])  # (low, high) of byte b
+        # byte t of the first 32: quant t % 4 of block t // 4 low, quant 4 + t % 4 high; bytes 32..: groups 2, 3
+        assert [nibbles(b) for b in (0, 1, 4, 16, 20, 32)] == [(0, 4), (1, 5), (32, 36), (128, 132), (160, 164), (8, 12)]
+        assert q4[k - 1] == k - 1 or k % 256 == 0  # the tail in place
     emb = quant.QuantEmbedding(w, torch.float32)
     assert torch.equal(emb(torch.tensor([[5, 0]])), w.dequantize()[[5, 0]][None])
 

@@ -8,7 +8,8 @@
 //
 // Layout (made by quant.py from the file's blocks, once at load): qs [N, K] int8 (q8) or
 // [N, K/2] uint8 (q4: each 16 bytes hold 16 quants in their low nibbles and the next 16 in their
-// high ones, as GGUF stores a block), the quants of each run of 8 blocks interleaved (`tile`);
+// high ones, as GGUF stores a block), the quants of each run of 8 blocks interleaved so that one
+// 32-byte load holds two groups of 32 (`block_sums`);
 // d [N, nbp] block scales (the file's float16, or float32 for a K-quant's sub-blocks) and, for Q4_1, m
 // [N, nbp] block offsets of d's type,
 // zero past the nb = K/32 blocks up to nbp = a multiple of 8. A q4 weight is d q + m with q in
@@ -23,8 +24,9 @@
 // the thread or the number of rows, so a row's result never depends on which rows share the call.
 //
 // Tiles: MR rows of x by NR weight rows keep MR*NR sums in registers over the blocks; a weight
-// group is unpacked once per tile and used by MR rows, and the weight rows' bytes stay in L1 for
-// the later row tiles, so a verify of M rows reads the weights from memory once. SmolLM2's Q4_1
+// group is unpacked once per tile and used by MR rows, an x group loaded once and used by NR
+// weight rows, and the weight rows' bytes stay in L1 for the later row tiles, so a verify of M
+// rows reads the weights from memory once. SmolLM2's Q4_1
 // gate/up projection (3072 x 576) at 8 rows took 199 us (2 threads) with a block's float work
 // per block, 155 us by eights with the offsets folded in; torch's _weight_int4pack_mm_for_cpu
 // and this kernel are compared in docs/cpu-kernels.md.
@@ -113,6 +115,10 @@ inline __m256i weight_bytes(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// v kept in a register as it is: the compiler may not re-associate a tile's running sums into
+// trees of products (GCC does, for integer adds, and spills the tree's many live values).
+inline void pin(__m256i& v) { asm("" : "+x"(v)); }
+
 // Eight int32 lanes of pairwise-summed products (maddubs, then madd with ones).
 inline __m256i dot4(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -135,35 +141,31 @@ bool vnni_ready() {
   return ok;
 }
 
-// y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m.
+// The exact int32 block sums of superblocks [s0, s1) of MR x rows against NR weight rows:
+// out[s - s0][i][j] holds, in dword lane l, the integer dot product of block 8s + l.
 //
 // Blocks by eights: a row's first 8S blocks (S = nb / 8) are stored interleaved (quant.py's
-// `interleave`), so that group g of superblock s holds, in dword lane l, quants 4g..4g+3 of block
-// 8s + l — of the weight and of x alike. Eight maddubs/madd over the groups sum each lane's
-// block exactly in int32, and one conversion and one multiply-add by the eight blocks' scales
-// (d[8s..8s+8) xd[8s..8s+8), two vector loads) add the superblock to the float sums: the float
-// work of eight blocks in two instructions. The nb % 8 blocks after are stored plainly and added
-// one by one (their sum broadcast by its scale).
-template <int MR, int NR, bool Q4, bool VNNI, typename Sc>
-inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
-                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const Sc* __restrict d,
-                 const Sc* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
+// `order_by_eights`), so that group g of superblock s holds, in dword lane l, quants 4g..4g+3 of
+// block 8s + l — of the weight and of x alike (q4: groups 2h and 2h + 1 share 32 bytes, in the low
+// and the high nibbles). Eight maddubs/madd over the groups sum each lane's block exactly.
+//
+// Each half step loads every weight row's group once into a register and every x row's once, then
+// multiplies all MR x NR pairs from registers: the loads per product fall with the tile (two
+// 256-bit loads a cycle bound a product a load at 2 a cycle, the maddubs ports' own rate).
+template <int MR, int NR, bool Q4, bool VNNI>
+inline void block_sums(const int8_t* __restrict xq, int64_t K, const uint8_t* __restrict qs, int64_t ldq, int64_t s0,
+                       int64_t s1, __m256i (*__restrict out)[MR][NR]) {
   constexpr int64_t BB = block_bytes<Q4>();
-  const int64_t nb = K / kB, S = nb / 8;
-  __m256 acc[MR][NR];
+  // vpdpbusd adds into its accumulator (5 cycles' latency): a tile of fewer than 8 sums keeps two
+  // per output (even and odd groups) in flight; maddubs + add are off the chain
+  constexpr int H = VNNI && MR * NR < 8 ? 2 : 1;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  for (int64_t sb = s0; sb < s1; ++sb) {
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  // vpdpbusd adds into its accumulator (5 cycles' latency): two sums per output, even and odd
-  // groups, keep two chains in flight; maddubs + madd are off the chain, one sum suffices
-  constexpr int H = VNNI ? 2 : 1;
-  // q4 on AVX2: maddubs's int16 pair sums add up in int16 over a superblock's 8 groups and one
-  // madd widens them: a pair is at most 2 * 15 * 127 = 3,810, eight of them 30,480 < 32,767, so
-  // the int32 block sums are the same exact integers, with one madd a superblock instead of
-  // eight (maddubs and madd share two ports; q8's pairs reach 32,512 and take a madd each)
-  constexpr bool kWide16 = Q4 && !VNNI;
-  for (int64_t sb = 0; sb < S; ++sb) {
+    for (int j = 0; j < NR; ++j)
+#pragma GCC unroll 4
+      for (int64_t c = 0; c < 8 * BB; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(qs + j * ldq + sb * 8 * BB + c + kAheadQ), _MM_HINT_T0);
     __m256i isum[H][MR][NR];
 #pragma GCC unroll 16
     for (int h = 0; h < H; ++h)
@@ -171,57 +173,86 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
       for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
         for (int j = 0; j < NR; ++j) isum[h][i][j] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int g0 = 0; g0 < 8; g0 += H) {
-#pragma GCC unroll 2
-      for (int h = 0; h < H; ++h) {
-        const int g = g0 + h;
-        __m256i xv[MR];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const int h = H == 2 ? g % 2 : 0;
+      __m256i wv[NR], ua[NR];
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i)
-          xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
+      for (int j = 0; j < NR; ++j) {
+        const uint8_t* p = qs + j * ldq + sb * 8 * BB + (Q4 ? (g / 2) * 32 : g * 32);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        if constexpr (Q4) wv[j] = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+        else wv[j] = v, ua[j] = _mm256_abs_epi8(v);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
 #pragma GCC unroll 16
         for (int j = 0; j < NR; ++j) {
-          const uint8_t* p = qs + j * ldq + sb * 8 * BB + g * BB;
-          if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kAheadQ), _MM_HINT_T0);
-          const __m256i w = weight_bytes<Q4>(p);
-#pragma GCC unroll 16
-          for (int i = 0; i < MR; ++i) {
-            __m256i u, sg;
-            operands<Q4>(w, xv[i], u, sg);
-            if constexpr (VNNI)
-              isum[h][i][j] = dot4_vnni(isum[h][i][j], u, sg);
-            else if constexpr (kWide16)
-              isum[h][i][j] = _mm256_add_epi16(isum[h][i][j], _mm256_maddubs_epi16(u, sg));  // int16 pair sums
-            else
-              isum[h][i][j] = _mm256_add_epi32(isum[h][i][j], dot4(u, sg));
-          }
+          const __m256i u = Q4 ? wv[j] : ua[j];
+          const __m256i sg = Q4 ? xv : _mm256_sign_epi8(xv, wv[j]);
+          if constexpr (VNNI)
+            isum[h][i][j] = dot4_vnni(isum[h][i][j], u, sg);
+          else if constexpr (Q4)  // int16 pair sums, widened once a superblock (below)
+            isum[0][i][j] = _mm256_add_epi16(isum[0][i][j], _mm256_maddubs_epi16(u, sg));
+          else
+            isum[0][i][j] = _mm256_add_epi32(isum[0][i][j], dot4(u, sg));
+          pin(isum[h][i][j]);
         }
       }
     }
-    if constexpr (kWide16) {
+    // q4 on AVX2: maddubs's int16 pair sums add up in int16 over a superblock's 8 groups and one
+    // madd widens them: a pair is at most 2 * 15 * 127 = 3,810, eight of them 30,480 < 32,767, so
+    // the int32 block sums are the same exact integers, with one madd a superblock instead of
+    // eight (q8's pairs reach 32,512 and take a madd each)
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) isum[0][i][j] = _mm256_madd_epi16(isum[0][i][j], _mm256_set1_epi16(1));
-    }
-    if constexpr (H == 2) {
+      for (int j = 0; j < NR; ++j) {
+        __m256i v = isum[0][i][j];
+        if constexpr (Q4 && !VNNI) v = _mm256_madd_epi16(v, _mm256_set1_epi16(1));
+        if constexpr (H == 2) v = _mm256_add_epi32(v, isum[1][i][j]);
+        out[sb - s0][i][j] = v;
+      }
+  }
+}
+
+// y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m.
+//
+// Superblocks a chunk at a time: their integer sums first (`block_sums`, in registers), then one
+// conversion and one multiply-add by the eight blocks' scales (d[8s..8s+8) xd[8s..8s+8), two
+// vector loads) add each superblock to the float sums in order: the float work of eight blocks in
+// two instructions, the float sums kept in registers only while the integer ones are not. The
+// nb % 8 blocks after are stored plainly and added one by one (their sum broadcast by its scale).
+template <int MR, int NR, bool Q4, bool VNNI, typename Sc>
+inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
+                 int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const Sc* __restrict d,
+                 const Sc* __restrict m, float* __restrict y, int64_t ldy, const float* __restrict bias) {
+  constexpr int64_t BB = block_bytes<Q4>();
+  constexpr int64_t kChunk = 8;  // superblocks a chunk: 2,048 weights, MR NR 256 bytes of sums each
+  const int64_t nb = K / kB, S = nb / 8;
+  __m256 acc[MR][NR];
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) isum[0][i][j] = _mm256_add_epi32(isum[0][i][j], isum[1][i][j]);
-    }
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  alignas(32) __m256i sums[kChunk][MR][NR];
+  for (int64_t s0 = 0; s0 < S; s0 += kChunk) {
+    const int64_t s1 = std::min(S, s0 + kChunk);
+    block_sums<MR, NR, Q4, VNNI>(xq, K, qs, ldq, s0, s1, sums);
+    for (int64_t sb = s0; sb < s1; ++sb) {
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
-      if (m) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
-      const __m256 dv = scales8(d + j * nbp + 8 * sb);
-      const __m256 mv = Q4 ? offsets8(m, dv, j * nbp + 8 * sb) : dv;
+      for (int j = 0; j < NR; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(d + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
+        if (m) _mm_prefetch(reinterpret_cast<const char*>(m + j * nbp + 8 * sb) + kAheadS, _MM_HINT_T0);
+        const __m256 dv = scales8(d + j * nbp + 8 * sb);
+        const __m256 mv = Q4 ? offsets8(m, dv, j * nbp + 8 * sb) : dv;
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0][i][j]),
-                                    _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * nbp + 8 * sb)), acc[i][j]);
-        if constexpr (Q4) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * sb), acc[i][j]);
+        for (int i = 0; i < MR; ++i) {
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[sb - s0][i][j]),
+                                      _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * nbp + 8 * sb)), acc[i][j]);
+          if constexpr (Q4) acc[i][j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * nbp + 8 * sb), acc[i][j]);
+        }
       }
     }
   }
@@ -257,67 +288,52 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
     }
 }
 
-// Every x row against weight rows [n, n + 2) (n + 1 only when two): x rows four at a time (one
-// weight row each, both rows' bytes staying in L1), then the one to three left (two rows each).
-template <bool Q4, bool VNNI, typename Sc>
-void pair(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
-          int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N, const float* bias, int64_t n,
-          bool two) {
-  auto at = [&](int64_t r) {  // weight row r's pointers
-    return std::make_tuple(qs + r * ldq, d + r * nbp, m ? m + r * nbp : nullptr, bias ? bias + r : nullptr);
-  };
-  const auto [q0, d0, m0, b0] = at(n);
+// Tile shapes. One x row (a decode step): three weight rows a tile (SmolLM2's Q4_1 projections and
+// Q8_0 head took a median 0.85x the time of two on a Zen 3, benchmarks/zen3_2026-12-07/tile_1x3).
+// More rows: four x rows by two weight rows, the x rows left by two weight rows, the weight rows
+// left one at a time (on the Zen 3, AVX2, SmolLM2's projection set at 8 rows: 4 x 2 0.85x the time of
+// the previous kernel, 2 x 4 0.89x, 2 x 3 0.91x; benchmarks/zen3_2026-12-08/qdense_tiles).
+constexpr int kStepCols = 3, kRows = 4, kCols = 2;
+
+// Every x row against NR weight rows from n: x rows kRows at a time, then the 1..kRows-1 left.
+template <int NR, bool Q4, bool VNNI, typename Sc>
+void column(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp, const uint8_t* qs,
+            int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N, const float* bias, int64_t n) {
+  const uint8_t* q = qs + n * ldq;
+  const Sc* dn = d + n * nbp;
+  const Sc* mn = m ? m + n * nbp : nullptr;
+  const float* bn = bias ? bias + n : nullptr;
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4) {
-    tile<4, 1, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q0, ldq, d0, m0, y + i * N + n, N, b0);
-    if (two) {
-      const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<4, 1, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q1, ldq, d1, m1, y + i * N + n + 1, N, b1);
-    }
-  }
-  const int8_t* xi = xq + i * K;
-  const float* di = xd + i * nbp;
-  const float* si = xs + i * nbp;
-  float* yi = y + i * N + n;
-  const int left = static_cast<int>(M - i);
-  if (left == 0) return;
-  if (!two) {
-    switch (left) {
-      case 3: tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      case 2: tile<2, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-      default: tile<1, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-    }
-    return;
-  }
-  switch (left) {
-    case 3: {
-      const auto [q1, d1, m1, b1] = at(n + 1);
-      tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0);
-      tile<3, 1, Q4, VNNI, Sc>(xi, di, si, K, nbp, q1, ldq, d1, m1, yi + 1, N, b1);
-      break;
-    }
-    case 2: tile<2, 2, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
-    default: tile<1, 2, Q4, VNNI, Sc>(xi, di, si, K, nbp, q0, ldq, d0, m0, yi, N, b0); break;
+  for (; i + kRows <= M; i += kRows)
+    tile<kRows, NR, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q, ldq, dn, mn, y + i * N + n, N, bn);
+  auto rest = [&](auto mr) {
+    tile<decltype(mr)::value, NR, Q4, VNNI, Sc>(xq + i * K, xd + i * nbp, xs + i * nbp, K, nbp, q, ldq, dn, mn,
+                                                y + i * N + n, N, bn);
+  };
+  static_assert(kRows == 4);
+  switch (M - i) {
+    case 3: rest(std::integral_constant<int, 3>{}); break;
+    case 2: rest(std::integral_constant<int, 2>{}); break;
+    case 1: rest(std::integral_constant<int, 1>{}); break;
+    default: break;
   }
 }
 
-// Every x row against weight rows [n0, n1): one x row (a decode step) three weight rows at a time,
-// more rows two at a time (`pair`), the rows left two or one at a time. Three weight rows a tile for
-// one x row: SmolLM2's Q4_1 projections and Q8_0 head at one row took a median 0.85x (0.78-1.10, 8
-// processes) the time of two rows a tile on a Zen 3 (AVX2), alternating in one process, where the
-// same code against itself at 8 rows read 0.91-1.11 (four rows a tile: 0.94-0.95x;
-// benchmarks/zen3_2026-12-07/tile_1x3). Every output is the same sequence of operations either way
-// (see `tile`), so a row's bits do not change.
+// Every x row against weight rows [n0, n1), by the tile shapes above. Every output is the same
+// sequence of operations whatever the tile (see `tile`), so a row's bits never depend on them.
 template <bool Q4, bool VNNI, typename Sc>
 void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, int64_t nbp,
           const uint8_t* qs, int64_t ldq, const Sc* d, const Sc* m, float* y, int64_t N,
           const float* bias, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  if (M == 1)
-    for (; n + 3 <= n1; n += 3)
-      tile<1, 3, Q4, VNNI, Sc>(xq, xd, xs, K, nbp, qs + n * ldq, ldq, d + n * nbp, m ? m + n * nbp : nullptr, y + n, N,
-                               bias ? bias + n : nullptr);
-  for (; n < n1; n += 2) pair<Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n, n + 1 < n1);
+  if (M == 1) {
+    for (; n + kStepCols <= n1; n += kStepCols)
+      tile<1, kStepCols, Q4, VNNI, Sc>(xq, xd, xs, K, nbp, qs + n * ldq, ldq, d + n * nbp, m ? m + n * nbp : nullptr,
+                                       y + n, N, bias ? bias + n : nullptr);
+  } else {
+    for (; n + kCols <= n1; n += kCols) column<kCols, Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n);
+  }
+  for (; n < n1; ++n) column<1, Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n);
 }
 
 // x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
@@ -376,12 +392,12 @@ at::Tensor qdense(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d
   float* yp = y.data_ptr<float>();
   const int64_t ldq = qs.size(1);
   const bool vnni = vnni_ready();
-  // shares of whole row pairs, as the float kernel's panels (panel_shares' rule)
-  const int64_t pairs = (N + 1) / 2;
-  const int64_t shares = flashtree_kernels::panel_shares(pairs, 16, M * N * K, at::get_num_threads());
+  // shares of whole runs of 6 rows (a multiple of every tile's weight rows), as the float kernel's panels (panel_shares' rule)
+  const int64_t units = (N + 5) / 6;
+  const int64_t shares = flashtree_kernels::panel_shares(units, 6, M * N * K, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
-    const int64_t n0 = 2 * flashtree_kernels::share_start(pairs, s0, shares);
-    const int64_t n1 = std::min(N, 2 * flashtree_kernels::share_start(pairs, s1, shares));
+    const int64_t n0 = std::min(N, 6 * flashtree_kernels::share_start(units, s0, shares));
+    const int64_t n1 = std::min(N, 6 * flashtree_kernels::share_start(units, s1, shares));
     auto typed = [&](auto q4_, auto vnni_, const auto* dp) {
       using Sc = std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>;
       const Sc* mp = m.has_value() ? static_cast<const Sc*>(m->data_ptr()) : nullptr;

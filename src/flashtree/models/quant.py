@@ -100,14 +100,22 @@ def cat(parts: list[Blocks | Panels]) -> Blocks | Panels | None:
                   parts[0].interleaved)
 
 
-def order_by_eights(k: int) -> np.ndarray:
+def order_by_eights(k: int, q4: bool) -> np.ndarray:
     """Where each stored quant of a row laid out by eights comes from: order[p] is the weight
-    index of stored position p (group g of run s holds quants 4g..4g+3 of blocks 8s..8s+7; the
-    tail after the last whole run is in place)."""
+    index of stored position p. Group g of run s (32 quants) holds quants 4g..4g+3 of blocks
+    8s..8s+7, block by block; q8 stores the groups in turn, q4 each pair of groups 2h, 2h + 1 in
+    the low and high nibbles of the same 32 bytes (so one load and two masks unpack both: `_pack`
+    puts stored positions 16c + i and 16c + 16 + i of each 32 in byte i's nibbles). The tail
+    after the last whole run is in place."""
     runs = k // BLOCK // 8
     p = np.arange(k)
     s, rem = np.divmod(p[:256 * runs], 256)
-    g, rem = np.divmod(rem, 32)
+    if q4:  # a pair's 64 positions: quarters go to (2h, t<16), (2h+1, t<16), (2h, t>=16), (2h+1, t>=16)
+        h, rem = np.divmod(rem, 64)
+        quarter, i = np.divmod(rem, 16)
+        g, rem = 2 * h + quarter % 2, 16 * (quarter // 2) + i
+    else:
+        g, rem = np.divmod(rem, 32)
     lane, t = np.divmod(rem, 4)
     p[:256 * runs] = (8 * s + lane) * BLOCK + 4 * g + t
     return p
@@ -134,7 +142,7 @@ def stored_values(qs: torch.Tensor, k: int, interleaved: bool) -> torch.Tensor:
     v = _unpack(qs, k).to(torch.int16)
     if not interleaved:
         return v
-    return v[..., torch.from_numpy(np.argsort(order_by_eights(k)))]
+    return v[..., torch.from_numpy(np.argsort(order_by_eights(k, qs.dtype == torch.uint8)))]
 
 
 def interleave(w: Blocks) -> Blocks:
@@ -142,7 +150,7 @@ def interleave(w: Blocks) -> Blocks:
     if w.interleaved:
         return w
     n, k = w.shape
-    order = torch.from_numpy(order_by_eights(k))
+    order = torch.from_numpy(order_by_eights(k, w.qs.dtype == torch.uint8))
     out = torch.empty_like(w.qs)
     for r in range(0, n, 4096):  # a few MB at a time: an 8 B model's embedding is 0.6 GB of quants
         out[r:r + 4096] = _pack(_unpack(w.qs[r:r + 4096], k)[:, order], w.qs.dtype == torch.uint8)
@@ -305,7 +313,7 @@ def to_panels(w: Blocks) -> Panels:
     for r in range(0, p, step):
         q = _unpack(w.qs[PANEL * r:PANEL * (r + step)], k)  # bytes (the 8B-shaped Q4_0 loaded in 35 s, 55 in int16)
         if w.interleaved:
-            q = q[:, torch.from_numpy(np.argsort(order_by_eights(k)))]
+            q = q[:, torch.from_numpy(np.argsort(order_by_eights(k, q4)))]
         q = torch.nn.functional.pad(q, (0, 0, 0, PANEL * min(step, p - r) - q.shape[0]))
         q = q.reshape(-1, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4)           # [panels, nb, 8, 16, 4]
         if q4:
@@ -390,7 +398,8 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("d", w.d)
         self.register_buffer("m", w.m)
         if not self.panels:  # where each weight-order quant sits in a row by eights
-            self.register_buffer("plain", torch.from_numpy(np.argsort(order_by_eights(w.shape[1]))), persistent=False)
+            self.register_buffer("plain", torch.from_numpy(np.argsort(order_by_eights(w.shape[1], w.qs.dtype == torch.uint8))),
+                                 persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         k, nb = self.embedding_dim, self.embedding_dim // BLOCK

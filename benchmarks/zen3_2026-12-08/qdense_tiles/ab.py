@@ -1,0 +1,91 @@
+"""This tree's quantized kernel against the one before it (01f6bde), in one process, alternating.
+
+SmolLM2's projection set (30 layers of Q4_1 [960|576|3072 x 576, 576 x 1536] + the Q8_0 head,
+100 MB, random weights) at T rows through flashtree::qdense (this tree, its layout: q4 groups in
+pairs) and through the older kernel built under the op namespace `ftold` (its layout: q4 groups
+one by one), the outputs asserted equal first. ROUNDS rounds of 5 timed passes, medians. From the
+repository root:
+
+    git show 01f6bde:src/flashtree/models/cpu_quant.cpp | sed 's/(flashtree, /(ftold, /' > /tmp/old_quant.cpp
+    python benchmarks/zen3_2026-12-08/qdense_tiles/ab.py /tmp/old_quant.cpp 1 8 16
+"""
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import flashtree  # noqa: F401  (first: it settles the instruction path before torch loads)
+
+# isort: split
+import torch
+from torch.utils.cpp_extension import load
+
+from flashtree.models import cpu_dense, quant
+
+assert cpu_dense.available()
+src, Ts = sys.argv[1], [int(t) for t in sys.argv[2:]] or [1, 8]
+build = Path("/tmp/ftold_build")
+build.mkdir(exist_ok=True)
+load(name="ftold", sources=[src], is_python_module=False, build_directory=str(build),
+     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20"],
+     extra_include_paths=[str(Path(cpu_dense.__file__).parent)])
+
+
+def old_order(k: int) -> np.ndarray:
+    """01f6bde's layout by eights: group g of run s holds quants 4g..4g+3 of blocks 8s..8s+7, q4 and q8 alike."""
+    runs, p = k // 256, np.arange(k)
+    s, rem = np.divmod(p[:256 * runs], 256)
+    g, rem = np.divmod(rem, 32)
+    lane, t = np.divmod(rem, 4)
+    p[:256 * runs] = (8 * s + lane) * 32 + 4 * g + t
+    return p
+
+
+def old_layout(w: quant.Blocks) -> quant.Blocks:
+    k = w.shape[1]
+    qs = quant._pack(quant._unpack(w.qs, k)[:, torch.from_numpy(old_order(k))], w.qs.dtype == torch.uint8)
+    return quant.Blocks(w.kind, qs, w.d, w.m, True)
+
+
+torch.manual_seed(0)
+shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+plain = [[quant.quantize(torch.randn(n, k) * 0.05, "q4_1") for (n, k) in shapes] for _ in range(30)]
+plain_head = quant.quantize(torch.randn(49152, 576) * 0.05, "q8_0")
+arms = {
+    "this tree": ([[quant.interleave(w) for w in ws] for ws in plain], quant.interleave(plain_head), torch.ops.flashtree.qdense),
+    "01f6bde": ([[old_layout(w) for w in ws] for ws in plain], old_layout(plain_head), torch.ops.ftold.qdense),
+}
+
+
+def run(qw, head, op, x):
+    for ws in qw:
+        for w, (_n, k) in zip(ws, shapes, strict=True):
+            op(x[k], w.qs, w.d, w.m, None)
+    op(x[576], head.qs, head.d, None, None)
+
+
+for T in Ts:
+    x = {k: torch.randn(T, k) for k in (576, 1536)}
+    outs = {a: [op(x[k], w.qs, w.d, w.m, None) for w, (_n, k) in zip(qw[0], shapes, strict=True)]
+            + [op(x[576], head.qs, head.d, None, None)] for a, (qw, head, op) in arms.items()}
+    assert all(torch.equal(a, b) for a, b in zip(*outs.values(), strict=True)), "the kernels' outputs differ"
+    res = {a: [] for a in arms}
+    names = list(arms)
+    for r in range(int(os.environ.get("ROUNDS", 10))):
+        for a in (names if r % 2 == 0 else names[::-1]):
+            run(*arms[a], x)
+            ts = []
+            for _ in range(5):
+                t = time.perf_counter()
+                run(*arms[a], x)
+                ts.append(time.perf_counter() - t)
+            res[a].append(statistics.median(ts))
+    base = statistics.median(res["01f6bde"])
+    for a, v in res.items():
+        m = statistics.median(v)
+        ratios = sorted(p / q for p, q in zip(v, res["01f6bde"], strict=True))
+        print(f"T={T:2d} {a:10s} {m * 1e3:7.2f} ms  x 01f6bde {m / base:.3f}  (round ratios {ratios[0]:.3f}-{ratios[-1]:.3f}) "
+              f"[{min(v) * 1e3:.2f}, {max(v) * 1e3:.2f}]", flush=True)
