@@ -3,7 +3,8 @@
 SmolLM2's projection set (30 layers of Q4_1 [960|576|3072 x 576, 576 x 1536] + the Q8_0 head,
 100 MB, random weights) at T rows through flashtree::qdense (this tree, its layout: q4 groups in
 pairs) and through the older kernel built under the op namespace `ftold` (its layout: q4 groups
-one by one), the outputs asserted equal first. ROUNDS rounds of 5 timed passes, medians. From the
+one by one), the outputs compared first. PAIRS pairs of passes, one of each kernel, alternating
+which goes first; the median of the pairs' ratios (the VM drifts within a second). From the
 repository root:
 
     git show 01f6bde:src/flashtree/models/cpu_quant.cpp | sed 's/(flashtree, /(ftold, /' > /tmp/old_quant.cpp
@@ -71,21 +72,22 @@ for T in Ts:
     x = {k: torch.randn(T, k) for k in (576, 1536)}
     outs = {a: [op(x[k], w.qs, w.d, w.m, None) for w, (_n, k) in zip(qw[0], shapes, strict=True)]
             + [op(x[576], head.qs, head.d, None, None)] for a, (qw, head, op) in arms.items()}
-    assert all(torch.equal(a, b) for a, b in zip(*outs.values(), strict=True)), "the kernels' outputs differ"
+    pairs = list(zip(*outs.values(), strict=True))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs), "the kernels' outputs differ"
+    print(f"T={T:2d} outputs bitwise equal: {all(torch.equal(a, b) for a, b in pairs)}; largest difference "
+          f"{max((a - b).abs().max().item() for a, b in pairs):.2e} (the float sums' order differs where the tail does)")
     res = {a: [] for a in arms}
     names = list(arms)
-    for r in range(int(os.environ.get("ROUNDS", 10))):
+    for a in names:
+        run(*arms[a], x)
+    for r in range(int(os.environ.get("PAIRS", 100))):  # pass by pass, alternating which goes first
         for a in (names if r % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
             run(*arms[a], x)
-            ts = []
-            for _ in range(5):
-                t = time.perf_counter()
-                run(*arms[a], x)
-                ts.append(time.perf_counter() - t)
-            res[a].append(statistics.median(ts))
-    base = statistics.median(res["01f6bde"])
+            res[a].append(time.perf_counter() - t)
+    ratios = sorted(p / q for p, q in zip(res["this tree"], res["01f6bde"], strict=True))
+    lo, hi = ratios[len(ratios) // 4], ratios[3 * (len(ratios) - 1) // 4]
     for a, v in res.items():
-        m = statistics.median(v)
-        ratios = sorted(p / q for p, q in zip(v, res["01f6bde"], strict=True))
-        print(f"T={T:2d} {a:10s} {m * 1e3:7.2f} ms  x 01f6bde {m / base:.3f}  (round ratios {ratios[0]:.3f}-{ratios[-1]:.3f}) "
-              f"[{min(v) * 1e3:.2f}, {max(v) * 1e3:.2f}]", flush=True)
+        print(f"T={T:2d} {a:10s} median {statistics.median(v) * 1e3:7.2f} ms  [{min(v) * 1e3:.2f}, {max(v) * 1e3:.2f}]", flush=True)
+    print(f"T={T:2d} this tree / 01f6bde, pass by pass: median {statistics.median(ratios):.3f} "
+          f"(quartiles {lo:.3f}-{hi:.3f}, {len(ratios)} pairs)", flush=True)

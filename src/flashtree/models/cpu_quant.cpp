@@ -186,7 +186,8 @@ inline void block_sums(const int8_t* __restrict xq, int64_t K, const uint8_t* __
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
+        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + sb * 8 * kB + g * kB));
+        pin(xv);  // one load for the NR weight rows (folded into each maddubs, it is NR loads)
 #pragma GCC unroll 16
         for (int j = 0; j < NR; ++j) {
           const __m256i u = Q4 ? wv[j] : ua[j];
@@ -214,6 +215,85 @@ inline void block_sums(const int8_t* __restrict xq, int64_t K, const uint8_t* __
         if constexpr (H == 2) v = _mm256_add_epi32(v, isum[1][i][j]);
         out[sb - s0][i][j] = v;
       }
+  }
+}
+
+// Whether the r = nb % 8 blocks after a row's last whole run share groups (quant.py's
+// SHARED_TAILS): r groups whose lane l holds block 8S + l mod r, so one sum holds every tail
+// block in lanes. Other tails are stored plainly and added block by block.
+inline bool shared_tail(int64_t r) { return r == 1 || r == 2 || r == 4; }
+
+// The exact int32 sums of a shared tail's r groups (S whole runs before it): lane l of
+// out[i][j] holds its part of block 8S + l mod r.
+template <int R, int MR, int NR, bool Q4, bool VNNI>
+inline void tail_sums(const int8_t* __restrict xq, int64_t K, const uint8_t* __restrict qs, int64_t ldq, int64_t S,
+                      __m256i (&out)[MR][NR]) {
+  constexpr int64_t BB = block_bytes<Q4>();
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256i isum[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int g = 0; g < R; ++g) {
+    __m256i wv[NR], ua[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* p = qs + j * ldq + S * 8 * BB;
+      if constexpr (Q4) {
+        if constexpr (R == 1) {
+          wv[j] = unpack_q4(p);  // one group: 16 bytes, as a GGUF block
+        } else {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (g / 2) * 32));
+          wv[j] = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+        }
+      } else {
+        wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + g * 32));
+        ua[j] = _mm256_abs_epi8(wv[j]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + S * 8 * kB + g * kB));
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        const __m256i u = Q4 ? wv[j] : ua[j];
+        const __m256i sg = Q4 ? xv : _mm256_sign_epi8(xv, wv[j]);
+        if constexpr (VNNI)
+          isum[i][j] = dot4_vnni(isum[i][j], u, sg);
+        else if constexpr (Q4)  // int16 pair sums: at most 4 groups of 3,810
+          isum[i][j] = _mm256_add_epi16(isum[i][j], _mm256_maddubs_epi16(u, sg));
+        else
+          isum[i][j] = _mm256_add_epi32(isum[i][j], dot4(u, sg));
+        pin(isum[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j)
+      out[i][j] = Q4 && !VNNI ? _mm256_madd_epi16(isum[i][j], _mm256_set1_epi16(1)) : isum[i][j];
+}
+
+// acc += a shared tail of R blocks (S whole runs before it): its sums (`tail_sums`), lane l
+// scaled by d xd of block 8S + l mod R.
+template <int R, int MR, int NR, bool Q4, bool VNNI, typename Sc>
+inline void add_tail(const int8_t* __restrict xq, const float* __restrict xd, int64_t K, int64_t nbp,
+                     const uint8_t* __restrict qs, int64_t ldq, const Sc* __restrict d, int64_t S, __m256 (&acc)[MR][NR]) {
+  __m256i ts[MR][NR];
+  tail_sums<R, MR, NR, Q4, VNNI>(xq, K, qs, ldq, S, ts);
+  const __m256i lanes = _mm256_setr_epi32(0, 1 % R, 2 % R, 3 % R, 4 % R, 5 % R, 6 % R, 7 % R);
+  __m256 xdl[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) xdl[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd + i * nbp + 8 * S), lanes);
+#pragma GCC unroll 16
+  for (int j = 0; j < NR; ++j) {
+    const __m256 dl = _mm256_permutevar8x32_ps(scales8(d + j * nbp + 8 * S), lanes);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+      acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ts[i][j]), _mm256_mul_ps(dl, xdl[i]), acc[i][j]);
   }
 }
 
@@ -256,16 +336,23 @@ inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const 
       }
     }
   }
-  for (int64_t b = 8 * S; b < nb; ++b) {  // the plain tail
+  const int64_t r = nb - 8 * S;
+  if (shared_tail(r)) {  // one sum a tile output, its lanes scaled by their blocks' d xd
+    if (r == 1) add_tail<1, MR, NR, Q4, VNNI, Sc>(xq, xd, K, nbp, qs, ldq, d, S, acc);
+    else if (r == 2) add_tail<2, MR, NR, Q4, VNNI, Sc>(xq, xd, K, nbp, qs, ldq, d, S, acc);
+    else add_tail<4, MR, NR, Q4, VNNI, Sc>(xq, xd, K, nbp, qs, ldq, d, S, acc);
+  } else {
+    for (int64_t b = 8 * S; b < nb; ++b) {  // a plain tail
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const __m256i w = weight_bytes<Q4>(qs + j * ldq + b * BB);
-      const float dw = scale1(d + j * nbp + b);
+      for (int j = 0; j < NR; ++j) {
+        const __m256i w = weight_bytes<Q4>(qs + j * ldq + b * BB);
+        const float dw = scale1(d + j * nbp + b);
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        __m256i u, sg;
-        operands<Q4>(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + b * kB)), u, sg);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(u, sg)), _mm256_set1_ps(dw * xd[i * nbp + b]), acc[i][j]);
+        for (int i = 0; i < MR; ++i) {
+          __m256i u, sg;
+          operands<Q4>(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * K + b * kB)), u, sg);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(u, sg)), _mm256_set1_ps(dw * xd[i * nbp + b]), acc[i][j]);
+        }
       }
     }
   }
@@ -336,14 +423,20 @@ void rows(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t
   for (; n < n1; ++n) column<1, Q4, VNNI, Sc>(xq, xd, xs, M, K, nbp, qs, ldq, d, m, y, N, bias, n);
 }
 
-// x quants of one row in the weights' order: each superblock's groups interleaved (`tile`), the tail as it is.
+// x quants of one row in the weights' order (quant.py's `order_by_eights` for q8): runs by eights, a shared tail in lanes.
 void interleave_row(const int8_t* plain, int64_t K, int8_t* out) {
-  const int64_t S = K / kB / 8;
+  const int64_t nb = K / kB, S = nb / 8, r = nb % 8;
   for (int64_t sb = 0; sb < S; ++sb)
     for (int g = 0; g < 8; ++g)
       for (int l = 0; l < 8; ++l)
         std::memcpy(out + sb * 256 + g * 32 + l * 4, plain + (sb * 8 + l) * kB + 4 * g, 4);
-  std::memcpy(out + S * 256, plain + S * 256, K - S * 256);
+  if (!shared_tail(r)) {
+    std::memcpy(out + S * 256, plain + S * 256, K - S * 256);
+    return;
+  }
+  for (int g = 0; g < r; ++g)  // lane l: block 8S + l mod r, its chunk g (8 / r) + l / r
+    for (int l = 0; l < 8; ++l)
+      std::memcpy(out + S * 256 + g * 32 + l * 4, plain + (8 * S + l % r) * kB + 4 * (g * (8 / r) + l / r), 4);
 }
 
 // x [..., K] float32, bfloat16 or float64 (quantized from float32 all the same); qs [N, K] int8 or

@@ -100,24 +100,38 @@ def cat(parts: list[Blocks | Panels]) -> Blocks | Panels | None:
                   parts[0].interleaved)
 
 
+SHARED_TAILS = (1, 2, 4)  # blocks after the last whole run that share groups (see `order_by_eights`)
+
+
 def order_by_eights(k: int, q4: bool) -> np.ndarray:
     """Where each stored quant of a row laid out by eights comes from: order[p] is the weight
     index of stored position p. Group g of run s (32 quants) holds quants 4g..4g+3 of blocks
     8s..8s+7, block by block; q8 stores the groups in turn, q4 each pair of groups 2h, 2h + 1 in
     the low and high nibbles of the same 32 bytes (so one load and two masks unpack both: `_pack`
-    puts stored positions 16c + i and 16c + 16 + i of each 32 in byte i's nibbles). The tail
-    after the last whole run is in place."""
-    runs = k // BLOCK // 8
+    puts stored positions 16c + i and 16c + 16 + i of each 32 in byte i's nibbles). The r blocks
+    after the last whole run, where r is 1, 2 or 4 (SHARED_TAILS), are r groups whose lane l holds
+    block l mod r (its chunks of 4 quants in turn over the groups), so that one sum of r groups
+    holds every tail block in lanes; other tails are in place."""
+    nb = k // BLOCK
+    runs, r = nb // 8, nb % 8
     p = np.arange(k)
-    s, rem = np.divmod(p[:256 * runs], 256)
-    if q4:  # a pair's 64 positions: quarters go to (2h, t<16), (2h+1, t<16), (2h, t>=16), (2h+1, t>=16)
-        h, rem = np.divmod(rem, 64)
+
+    def groups(pos: np.ndarray, paired: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(group, position in the group's 32) of stored positions from a region's start."""
+        if not paired:
+            return np.divmod(pos, 32)
+        h, rem = np.divmod(pos, 64)  # a pair's 64: quarters (2h, <16), (2h+1, <16), (2h, >=16), (2h+1, >=16)
         quarter, i = np.divmod(rem, 16)
-        g, rem = 2 * h + quarter % 2, 16 * (quarter // 2) + i
-    else:
-        g, rem = np.divmod(rem, 32)
+        return 2 * h + quarter % 2, 16 * (quarter // 2) + i
+
+    s, rem = np.divmod(p[:256 * runs], 256)
+    g, rem = groups(rem, q4)
     lane, t = np.divmod(rem, 4)
     p[:256 * runs] = (8 * s + lane) * BLOCK + 4 * g + t
+    if r in SHARED_TAILS:
+        g, rem = groups(p[256 * runs:] - 256 * runs, q4 and r > 1)
+        lane, t = np.divmod(rem, 4)
+        p[256 * runs:] = (8 * runs + lane % r) * BLOCK + 4 * (g * (8 // r) + lane // r) + t
     return p
 
 

@@ -1,0 +1,97 @@
+"""This tree's quantized kernel against 648cc17's, in one process, pass by pass.
+
+648cc17 has this tree's runs (q4 groups in pairs, 4 x 2 tiles) but adds the blocks after the last
+whole run block by block, and lets GCC fold an x group's load into each maddubs; this tree sums
+a tail of 1, 2 or 4 blocks in lanes (`add_tail`) and loads an x group once for the tile's weight
+rows. SmolLM2's projection set as in ab.py (K = 576: 18 blocks, a tail of 2). From the
+repository root:
+
+    git show 648cc17:src/flashtree/models/cpu_quant.cpp | sed 's/(flashtree, /(ftmid, /' > /tmp/mid_quant.cpp
+    python benchmarks/zen3_2026-12-08/qdense_tiles/ab_tail.py /tmp/mid_quant.cpp 8 1
+"""
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import flashtree  # noqa: F401  (first: it settles the instruction path before torch loads)
+
+# isort: split
+import torch
+from torch.utils.cpp_extension import load
+
+from flashtree.models import cpu_dense, quant
+
+assert cpu_dense.available()
+src, Ts = sys.argv[1], [int(t) for t in sys.argv[2:]] or [1, 8]
+build = Path("/tmp/ftmid_build")
+build.mkdir(exist_ok=True)
+load(name="ftmid", sources=[src], is_python_module=False, build_directory=str(build),
+     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20"],
+     extra_include_paths=[str(Path(cpu_dense.__file__).parent)])
+
+
+def old_order(k: int) -> np.ndarray:
+    """648cc17's layout by eights: group g of run s holds quants 4g..4g+3 of blocks 8s..8s+7, q4 and q8 alike."""
+    runs, p = k // 256, np.arange(k)
+    s, rem = np.divmod(p[:256 * runs], 256)
+    g, rem = np.divmod(rem, 32)
+    lane, t = np.divmod(rem, 4)
+    p[:256 * runs] = (8 * s + lane) * 32 + 4 * g + t
+    return p
+
+
+
+
+def old_layout(w: quant.Blocks) -> quant.Blocks:
+    k = w.shape[1]
+    runs, q4 = k // 256, w.qs.dtype == torch.uint8
+    new = quant.order_by_eights(k, q4).copy()
+    new[256 * runs:] = np.arange(256 * runs, k)  # 648cc17: the tail in place, the runs as now
+    qs = quant._pack(quant._unpack(w.qs, k)[:, torch.from_numpy(new)], q4)
+    return quant.Blocks(w.kind, qs, w.d, w.m, True)
+
+
+torch.manual_seed(0)
+shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+plain = [[quant.quantize(torch.randn(n, k) * 0.05, "q4_1") for (n, k) in shapes] for _ in range(30)]
+plain_head = quant.quantize(torch.randn(49152, 576) * 0.05, "q8_0")
+arms = {
+    "this tree": ([[quant.interleave(w) for w in ws] for ws in plain], quant.interleave(plain_head), torch.ops.flashtree.qdense),
+    "648cc17": ([[old_layout(w) for w in ws] for ws in plain], old_layout(plain_head), torch.ops.ftmid.qdense),
+}
+
+
+def run(qw, head, op, x):
+    for ws in qw:
+        for w, (_n, k) in zip(ws, shapes, strict=True):
+            op(x[k], w.qs, w.d, w.m, None)
+    op(x[576], head.qs, head.d, None, None)
+
+
+for T in Ts:
+    x = {k: torch.randn(T, k) for k in (576, 1536)}
+    outs = {a: [op(x[k], w.qs, w.d, w.m, None) for w, (_n, k) in zip(qw[0], shapes, strict=True)]
+            + [op(x[576], head.qs, head.d, None, None)] for a, (qw, head, op) in arms.items()}
+    pairs = list(zip(*outs.values(), strict=True))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs), "the kernels' outputs differ"
+    print(f"T={T:2d} outputs bitwise equal: {all(torch.equal(a, b) for a, b in pairs)}; largest difference "
+          f"{max((a - b).abs().max().item() for a, b in pairs):.2e} (the float sums' order differs where the tail does)")
+    res = {a: [] for a in arms}
+    names = list(arms)
+    for a in names:
+        run(*arms[a], x)
+    for r in range(int(os.environ.get("PAIRS", 100))):  # pass by pass, alternating which goes first
+        for a in (names if r % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            run(*arms[a], x)
+            res[a].append(time.perf_counter() - t)
+    ratios = sorted(p / q for p, q in zip(res["this tree"], res["648cc17"], strict=True))
+    lo, hi = ratios[len(ratios) // 4], ratios[3 * (len(ratios) - 1) // 4]
+    for a, v in res.items():
+        print(f"T={T:2d} {a:10s} median {statistics.median(v) * 1e3:7.2f} ms  [{min(v) * 1e3:.2f}, {max(v) * 1e3:.2f}]", flush=True)
+    print(f"T={T:2d} this tree / 648cc17, pass by pass: median {statistics.median(ratios):.3f} "
+          f"(quartiles {lo:.3f}-{hi:.3f}, {len(ratios)} pairs)", flush=True)
