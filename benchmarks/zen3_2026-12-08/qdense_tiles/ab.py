@@ -1,14 +1,17 @@
-"""This tree's quantized kernel against the one before it (01f6bde), in one process, alternating.
+"""This tree's quantized kernel against an earlier one, in one process, pass by pass.
 
 SmolLM2's projection set (30 layers of Q4_1 [960|576|3072 x 576, 576 x 1536] + the Q8_0 head,
-100 MB, random weights) at T rows through flashtree::qdense (this tree, its layout: q4 groups in
-pairs) and through the older kernel built under the op namespace `ftold` (its layout: q4 groups
-one by one), the outputs compared first. PAIRS pairs of passes, one of each kernel, alternating
-which goes first; the median of the pairs' ratios (the VM drifts within a second). From the
-repository root:
+100 MB, random weights) at T rows through flashtree::qdense (this tree) and through BASE's kernel
+built under the op namespace `ftbase`, each on its own layout of the same blocks:
+- 01f6bde: q4 groups one by one, 4 x 1 tiles, tails added block by block;
+- 648cc17: q4 groups in pairs, 4 x 2 tiles, tails added block by block (this tree sums a tail of
+  1, 2 or 4 blocks in lanes and loads an x group once for the tile's weight rows).
+The outputs are compared first (within 1e-4: the tail's float order differs). PAIRS pairs of
+passes, one of each kernel, alternating which goes first; the median of the pairs' ratios (the
+VM drifts within a second). From the repository root:
 
-    git show 01f6bde:src/flashtree/models/cpu_quant.cpp | sed 's/(flashtree, /(ftold, /' > /tmp/old_quant.cpp
-    python benchmarks/zen3_2026-12-08/qdense_tiles/ab.py /tmp/old_quant.cpp 1 8 16
+    git show 01f6bde:src/flashtree/models/cpu_quant.cpp | sed 's/(flashtree, /(ftbase_01f6bde, /' > /tmp/base_01f.cpp
+    python benchmarks/zen3_2026-12-08/qdense_tiles/ab.py 01f6bde /tmp/base_01f.cpp 1 8 16
 """
 import os
 import statistics
@@ -27,17 +30,22 @@ from torch.utils.cpp_extension import load
 from flashtree.models import cpu_dense, quant
 
 assert cpu_dense.available()
-src, Ts = sys.argv[1], [int(t) for t in sys.argv[2:]] or [1, 8]
-build = Path("/tmp/ftold_build")
+base, src, Ts = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3:]] or [1, 8]
+assert base in ("01f6bde", "648cc17"), "BASE is 01f6bde or 648cc17 (the layouts this script knows)"
+build = Path(f"/tmp/ftbase_build_{base}")
 build.mkdir(exist_ok=True)
-load(name="ftold", sources=[src], is_python_module=False, build_directory=str(build),
+load(name=f"ftbase_{base}", sources=[src], is_python_module=False, build_directory=str(build),
      extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20"],
      extra_include_paths=[str(Path(cpu_dense.__file__).parent)])
 
 
-def old_order(k: int) -> np.ndarray:
-    """01f6bde's layout by eights: group g of run s holds quants 4g..4g+3 of blocks 8s..8s+7, q4 and q8 alike."""
+def base_order(k: int, q4: bool) -> np.ndarray:
+    """BASE's layout: 01f6bde's groups by eights one by one (q4 and q8 alike); 648cc17's as this
+    tree's runs, the tail in place."""
     runs, p = k // 256, np.arange(k)
+    if base == "648cc17":
+        p[:256 * runs] = quant.order_by_eights(k, q4)[:256 * runs]
+        return p
     s, rem = np.divmod(p[:256 * runs], 256)
     g, rem = np.divmod(rem, 32)
     lane, t = np.divmod(rem, 4)
@@ -45,9 +53,9 @@ def old_order(k: int) -> np.ndarray:
     return p
 
 
-def old_layout(w: quant.Blocks) -> quant.Blocks:
-    k = w.shape[1]
-    qs = quant._pack(quant._unpack(w.qs, k)[:, torch.from_numpy(old_order(k))], w.qs.dtype == torch.uint8)
+def base_layout(w: quant.Blocks) -> quant.Blocks:
+    k, q4 = w.shape[1], w.qs.dtype == torch.uint8
+    qs = quant._pack(quant._unpack(w.qs, k)[:, torch.from_numpy(base_order(k, q4))], q4)
     return quant.Blocks(w.kind, qs, w.d, w.m, True)
 
 
@@ -57,7 +65,7 @@ plain = [[quant.quantize(torch.randn(n, k) * 0.05, "q4_1") for (n, k) in shapes]
 plain_head = quant.quantize(torch.randn(49152, 576) * 0.05, "q8_0")
 arms = {
     "this tree": ([[quant.interleave(w) for w in ws] for ws in plain], quant.interleave(plain_head), torch.ops.flashtree.qdense),
-    "01f6bde": ([[old_layout(w) for w in ws] for ws in plain], old_layout(plain_head), torch.ops.ftold.qdense),
+    base: ([[base_layout(w) for w in ws] for ws in plain], base_layout(plain_head), getattr(torch.ops, f"ftbase_{base}").qdense),
 }
 
 
@@ -75,7 +83,7 @@ for T in Ts:
     pairs = list(zip(*outs.values(), strict=True))
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs), "the kernels' outputs differ"
     print(f"T={T:2d} outputs bitwise equal: {all(torch.equal(a, b) for a, b in pairs)}; largest difference "
-          f"{max((a - b).abs().max().item() for a, b in pairs):.2e} (the float sums' order differs where the tail does)")
+          f"{max((a - b).abs().max().item() for a, b in pairs):.2e}")
     res = {a: [] for a in arms}
     names = list(arms)
     for a in names:
@@ -85,9 +93,9 @@ for T in Ts:
             t = time.perf_counter()
             run(*arms[a], x)
             res[a].append(time.perf_counter() - t)
-    ratios = sorted(p / q for p, q in zip(res["this tree"], res["01f6bde"], strict=True))
+    ratios = sorted(p / q for p, q in zip(res["this tree"], res[base], strict=True))
     lo, hi = ratios[len(ratios) // 4], ratios[3 * (len(ratios) - 1) // 4]
     for a, v in res.items():
         print(f"T={T:2d} {a:10s} median {statistics.median(v) * 1e3:7.2f} ms  [{min(v) * 1e3:.2f}, {max(v) * 1e3:.2f}]", flush=True)
-    print(f"T={T:2d} this tree / 01f6bde, pass by pass: median {statistics.median(ratios):.3f} "
+    print(f"T={T:2d} this tree / {base}, pass by pass: median {statistics.median(ratios):.3f} "
           f"(quartiles {lo:.3f}-{hi:.3f}, {len(ratios)} pairs)", flush=True)
