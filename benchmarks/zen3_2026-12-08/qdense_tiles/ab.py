@@ -5,7 +5,8 @@ SmolLM2's projection set (30 layers of Q4_1 [960|576|3072 x 576, 576 x 1536] + t
 built under the op namespace `ftbase`, each on its own layout of the same blocks:
 - 01f6bde: q4 groups one by one, 4 x 1 tiles, tails added block by block;
 - 648cc17: q4 groups in pairs, 4 x 2 tiles, tails added block by block (this tree sums a tail of
-  1, 2 or 4 blocks in lanes and loads an x group once for the tile's weight rows).
+  1, 2 or 4 blocks in lanes and loads an x group once for the tile's weight rows);
+- any later commit: this tree's layout.
 The outputs are compared first (within 1e-4: the tail's float order differs). PAIRS pairs of
 passes, one of each kernel, alternating which goes first; the median of the pairs' ratios (the
 VM drifts within a second). From the repository root:
@@ -31,7 +32,8 @@ from flashtree.models import cpu_dense, quant
 
 assert cpu_dense.available()
 base, src, Ts = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3:]] or [1, 8]
-assert base in ("01f6bde", "648cc17"), "BASE is 01f6bde or 648cc17 (the layouts this script knows)"
+# BASE's layout: 01f6bde's and 648cc17's as below; a later commit's is this tree's
+print(f"base {base}: {'its own layout' if base in ('01f6bde', '648cc17') else 'the layout of this tree'}")
 build = Path(f"/tmp/ftbase_build_{base}")
 build.mkdir(exist_ok=True)
 load(name=f"ftbase_{base}", sources=[src], is_python_module=False, build_directory=str(build),
@@ -43,6 +45,8 @@ def base_order(k: int, q4: bool) -> np.ndarray:
     """BASE's layout: 01f6bde's groups by eights one by one (q4 and q8 alike); 648cc17's as this
     tree's runs, the tail in place."""
     runs, p = k // 256, np.arange(k)
+    if base not in ("01f6bde", "648cc17"):
+        return quant.order_by_eights(k, q4)
     if base == "648cc17":
         p[:256 * runs] = quant.order_by_eights(k, q4)[:256 * runs]
         return p
