@@ -149,9 +149,9 @@ bool vnni_ready() {
 // block 8s + l — of the weight and of x alike (q4: groups 2h and 2h + 1 share 32 bytes, in the low
 // and the high nibbles). Eight maddubs/madd over the groups sum each lane's block exactly.
 //
-// Each half step loads every weight row's group once into a register and every x row's once, then
-// multiplies all MR x NR pairs from registers: the loads per product fall with the tile (two
-// 256-bit loads a cycle bound a product a load at 2 a cycle, the maddubs ports' own rate).
+// Each group step loads every weight row's group once into a register and every x row's once,
+// then multiplies all MR x NR pairs from registers: MR + NR loads for MR NR products (a load per
+// product would meet the two 256-bit loads a cycle at the maddubs ports' own rate, 2 a cycle).
 template <int MR, int NR, bool Q4, bool VNNI>
 inline void block_sums(const int8_t* __restrict xq, int64_t K, const uint8_t* __restrict qs, int64_t ldq, int64_t s0,
                        int64_t s1, __m256i (*__restrict out)[MR][NR]) {
@@ -299,11 +299,12 @@ inline void add_tail(const int8_t* __restrict xq, const float* __restrict xd, in
 
 // y[MR, NR] (row stride ldy) for x rows xq/xd/xs and weight rows qs/d/m.
 //
-// Superblocks a chunk at a time: their integer sums first (`block_sums`, in registers), then one
-// conversion and one multiply-add by the eight blocks' scales (d[8s..8s+8) xd[8s..8s+8), two
-// vector loads) add each superblock to the float sums in order: the float work of eight blocks in
-// two instructions, the float sums kept in registers only while the integer ones are not. The
-// nb % 8 blocks after are stored plainly and added one by one (their sum broadcast by its scale).
+// Superblocks a chunk at a time: their integer sums first (`block_sums`, kept in a small buffer),
+// then one conversion and one multiply-add by the eight blocks' scales (d[8s..8s+8) xd[8s..8s+8),
+// two vector loads) add each superblock to the float sums in order: the float work of eight blocks
+// in two instructions, the float sums kept in registers only while the integer ones are not. The
+// nb % 8 blocks after: a shared tail (`shared_tail`) by one sum and one multiply-add of its lanes'
+// scales (`add_tail`), any other block by block (its sum broadcast by its scale).
 template <int MR, int NR, bool Q4, bool VNNI, typename Sc>
 inline void tile(const int8_t* __restrict xq, const float* __restrict xd, const float* __restrict xs, int64_t K,
                  int64_t nbp, const uint8_t* __restrict qs, int64_t ldq, const Sc* __restrict d,
